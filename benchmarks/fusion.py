@@ -71,7 +71,7 @@ def measure(alg, topo, sizes) -> dict:
     big = max(sizes)
     auto = faster_fusion(alg, topo, plain, fused)
     return {
-        "fused": int(fused.stats.get("fused", 0)),
+        "fused": int(fused.allocation.fused or 0),
         "tbs": [int(plain.ntbs.sum()), int(fused.ntbs.sum())],
         "busbw": [[round(a, 2), round(b, 2)] for a, b in zip(bp, bf)],
         "hbm_per_byte": [round(traffic(plain, big).hbm / big, 3), round(traffic(fused, big).hbm / big, 3)],

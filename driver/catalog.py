@@ -254,9 +254,8 @@ class Catalog:
             ir, outdir = _load_ir(p)
             h.update(_digest(p).encode())
             decl = index.get(p.name, {})
-            stats = getattr(ir, "stats", None) or {}
-            lo = decl.get("min_bytes", int(stats.get("minBytes", 0) or 0))
-            hi = decl.get("max_bytes", int(stats.get("maxBytes", 0) or 0) or None)
+            lo = decl.get("min_bytes", ir.origin.min_bytes or 0)
+            hi = decl.get("max_bytes", ir.origin.max_bytes or None)
             entries.append(Entry(
                 name=p.name, path=p, collective=ir.collective, nranks=int(ir.nranks),
                 root=int(ir.root) if ir.collective in ROOTED and getattr(ir, "root", None) is not None

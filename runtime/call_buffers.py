@@ -140,7 +140,7 @@ def at_place(bx: Buf, bo: Buf | None, in_off: int, out_off: int, es: int) -> boo
 
 def source_text(ir: ProgramIR) -> str:
     """What declared the program's placements, for messages."""
-    src = (ir.stats or {}).get("source")
+    src = ir.origin.source
     return {"mscclpp-plan": "MSCCL++ plan ('inplace': true)"}.get(
         src, 'MSCCL XML (outofplace="0")' if src == "msccl-xml" else "source")
 

@@ -183,9 +183,9 @@ def declared_nodes(algo, ir) -> tuple[list[int], str] | None:
                 want[r] = k
         if -1 not in want:
             return want, f"the nodes of cluster {topo.get('name') or topo.get('file') or '?'}"
-    g = (ir.stats or {}).get("gpus_per_node")
+    g = ir.origin.gpus_per_node
     how = "gpus_per_node={}"
-    if not isinstance(g, int) or g <= 0:
+    if g is None or g <= 0:
         g, how = declared_gpus_per_node(algo), "GPUPerNode={}"
     if g > 0 and n % g == 0:
         return [r // g for r in range(n)], how.format(g)

@@ -164,7 +164,7 @@ def _garbage(dtype) -> object:
 
 
 def _run_in_prim_order(ir: ProgramIR, region, red, seed) -> None:
-    """Programs marked ``stats["execution"] == "algorithm"`` (MSCCL XML: every TB runs its whole
+    """Programs marked ``origin.execution == "algorithm"`` (MSCCL XML: every TB runs its whole
     program once per slice) may not be ordered chain by chain; run them one primitive at a time in
     a happens-before order (program order, dependencies, send before its receive). Slices are
     independent, so one pass over whole regions gives the same result."""

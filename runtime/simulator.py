@@ -553,9 +553,10 @@ def faster_order(alg, topo: Topology, ir: ProgramIR, *, sizes=ALLOCATION_SIZES, 
     from hccc.compiler.passes.build import build_program
     from hccc.compiler.pipeline.cost_model import faster_order as choose
 
-    if not ir.stats.get("phase_order_moved"):
+    al = ir.allocation
+    if not al.phase_order_moved:
         return ir
-    mode = "connection" if ir.stats.get("tb_alloc_kept") == "connection" else ir.stats.get("tb_alloc", "state")
+    mode = "connection" if al.tb_alloc_kept == "connection" else (al.tb_alloc or "state")
     return choose(SimulatedCost(topo, sizes, block_gbps), ir, lambda: build_program(
         alg, scheduler=scheduler, tb_alloc=mode, chunk_bytes=ir.chunk_bytes, fuse=fuse, phase_order=False))
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hccc.compiler.frontend import generators as gen
-from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, Op, ProgramIR
+from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, Op, Origin, ProgramIR
 from hccc.compiler.ir.symbolic import prove
 from hccc.compiler.ir.vblocks import VBlockError, vblock_map
 from hccc.compiler.passes.build import build_program
@@ -157,7 +157,7 @@ def _staging_program():
     # proven out of place only (in place, the arrival would race with the send of its slot)
     return ProgramIR(name="staging", collective="alltoall", nranks=2, nchunks=2, in_chunks=2, out_chunks=2,
                      scratch_chunks=0, prims=prims, npipelines=1, ntbs=np.array([2, 2], np.int32),
-                     stats={"msccl_inplace": False})
+                     origin=Origin(inplace=False))
 
 
 def test_size_dependent_placement_is_refused_and_located():

@@ -4,6 +4,8 @@ input and output for the caller's arrays, against the program's buffer layout
 the layout's offset in place, and refusals naming the array for the wrong size or an overlap."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -49,13 +51,13 @@ def test_in_place_all_reduce_is_one_buffer():
 
 def test_an_out_of_place_only_program_runs_in_place_through_a_copy():
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=256)
-    ir.stats = dict(ir.stats or {}, msccl_inplace=False)        # an MSCCL XML with inplace="0"
+    ir.origin = dataclasses.replace(ir.origin, inplace=False)        # an MSCCL XML with inplace="0"
     x = np.zeros(64, np.float32)
     in_p, out_p, back = _route(ir, 0, x, None, True)
     assert in_p == x.ctypes.data and out_p != in_p
     tmp, dst, nbytes = back
     assert dst == x.ctypes.data and nbytes == 64 * 4 and tmp.nbytes >= nbytes
-    ir.stats = dict(ir.stats, msccl_inplace=True, msccl_outofplace=False)
+    ir.origin = dataclasses.replace(ir.origin, inplace=True, outofplace=False)
     with pytest.raises(CallError, match="proven in place only"):
         _route(ir, 0, x, np.zeros(64, np.float32), False)
 

@@ -286,7 +286,7 @@ def test_msccl_xml_runs_the_way_it_was_checked_for(capsys, tmp_path):
     from hccc.compiler.pipeline import load_program
 
     ir = load_program(xml)
-    if ir.stats.get("execution") != "algorithm":
+    if ir.origin.execution != "algorithm":
         pytest.skip("this example also passes the task-level check")
     rc, out, err = sim(capsys, str(xml), "--topology", str(topo), "--sizes", "64M", "--json")
     assert rc == 0, err

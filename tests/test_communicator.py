@@ -7,6 +7,7 @@ surviving rank a clear error within the timeout and leave nothing in ``/dev/shm`
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -288,11 +289,11 @@ def test_calls_keep_to_the_placements_the_program_is_proven_for(pool):
     runs out of place into a temporary output and copies back (its buffers are never aliased); a
     program proven in place only refuses an out-of-place call on every rank."""
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
-    ir.stats["msccl_inplace"] = False
+    ir.origin = dataclasses.replace(ir.origin, inplace=False)
     assert ir.placements == (False,)
     calls, want, _ = calls_for(ir, 77, seed=5)      # all_reduce(x): in place
     check(pool.run(ir.to_json(), 3, calls), want, "out-of-place-only program called in place")
-    ir.stats.update(msccl_inplace=True, msccl_outofplace=False)
+    ir.origin = dataclasses.replace(ir.origin, inplace=True, outofplace=False)
     calls = [[dict(c[0], out=77)] for c in calls]
     for rep in pool.run(ir.to_json(), 3, calls):
         assert not rep["ok"] and "proven in place only" in rep["error"]
@@ -304,7 +305,7 @@ def test_in_place_only_gathers_and_scatters_take_their_in_place_layout(pool):
     the input (they were refused as out-of-place calls)."""
     for make, how in ((gen.ring_allgather, "input_in_output"), (gen.ring_reducescatter, "output_in_input")):
         ir = build_program(make(3), chunk_bytes=64)
-        ir.stats.update(msccl_inplace=True, msccl_outofplace=False)
+        ir.origin = dataclasses.replace(ir.origin, inplace=True, outofplace=False)
         assert ir.placements == (True,)
         calls, want, _ = calls_for(ir, 3 * 40, seed=2)
         check(pool.run(ir.to_json(), 3, [[dict(c, **{how: True}) for c in cs] for cs in calls]), want,

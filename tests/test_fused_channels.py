@@ -145,7 +145,7 @@ def test_ring_forwards_all_fuse_and_keep_channel_zero_free(n):
     primitives holds channel 0's traffic."""
     for alg, per_chunk in ((gen.ring_allgather(n), n - 2), (gen.ring_allreduce(n), 2 * (n - 2))):
         ir = build_program(alg, fuse=True, tb_alloc="connection")
-        assert ir.stats["fused"] == n * per_chunk
+        assert ir.allocation.fused == n * per_chunk
         assert_channel_purposes(ir)
         p = ir.prims
         fused_tbs = {(int(p["rank"][i]), int(p["tb"][i])) for i in range(ir.nprims)
@@ -183,7 +183,7 @@ def test_faster_fusion_keeps_fused_only_where_it_is_never_slower(program):
     alg = load_algorithm(root / "examples" / f"{program}.rccl")
     plain = build_for_execution(alg, "task", topology=topo)
     fused = build_for_execution(alg, "task", topology=topo, fuse=True)
-    assert fused.stats["fused"] > 0
+    assert fused.allocation.fused > 0
     # a tie is a tie within the simulator's rounding (cost_model.SAME_TIME)
     never_slower = all(not_slower(simulate(fused, topo, s, slice_bytes="auto").time_s,
                                   simulate(plain, topo, s, slice_bytes="auto").time_s) for s in ALLOCATION_SIZES)

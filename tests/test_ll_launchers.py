@@ -124,7 +124,7 @@ def test_communicator_protocol_rule():
     with pytest.raises(ValueError, match="protocol"):
         c.proto = "ll128"
     assert c.proto == "simple"
-    imported = dataclasses.replace(ir, stats={**(ir.stats or {}), "execution": "algorithm"})
+    imported = dataclasses.replace(ir, origin=dataclasses.replace(ir.origin, execution="algorithm"))
     c = _bare_communicator(imported, "ll")
     assert c._choose_proto(64) == "simple" and "one micro-batch per chunk" in c.proto_note
     c = _bare_communicator(ir, "auto", net=object())
@@ -138,7 +138,7 @@ def test_communicator_protocol_rule_holds_for_any_size(nbytes, asked, imported, 
     import dataclasses
     ir = _RING4
     if imported:
-        ir = dataclasses.replace(ir, stats={**(ir.stats or {}), "execution": "algorithm"})
+        ir = dataclasses.replace(ir, origin=dataclasses.replace(ir.origin, execution="algorithm"))
     c = _bare_communicator(ir, asked, net=object() if across_nodes else None)
     want = asked if asked != "auto" else ("ll" if nbytes <= CROSSOVER else "simple")
     if imported or across_nodes:
@@ -362,7 +362,7 @@ def test_host_api_protocol_rule(tmp_path, imported):
     import dataclasses
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=1024)
     if imported:
-        ir = dataclasses.replace(ir, stats={**(ir.stats or {}), "execution": "algorithm"})
+        ir = dataclasses.replace(ir, origin=dataclasses.replace(ir.origin, execution="algorithm"))
     assert ir.algorithm_level == imported
     d = _emit(ir, tmp_path / "gen")
     (tmp_path / "probe.cpp").write_text(_PROTO_PROBE)

@@ -312,7 +312,7 @@ def test_auto_picks_ll_up_to_the_crossover_and_imports_fall_back():
     assert launch_proto(ir, "ll", 1 << 30, 1024) == ("ll", None)
     with pytest.raises(ValueError, match="protocol"):
         launch_proto(ir, "fast", 16, 1024)
-    proto, why = launch_proto(dataclasses.replace(ir, stats={**(ir.stats or {}), "execution": "algorithm"}), "ll", 16, 1024)
+    proto, why = launch_proto(dataclasses.replace(ir, origin=dataclasses.replace(ir.origin, execution="algorithm")), "ll", 16, 1024)
     assert proto == "simple" and "one micro-batch per chunk" in why
     assert abi.ll_share_bytes(15) == 0 and abi.ll_share_bytes(16) == 8 and abi.ll_share_bytes(96) == 48
     assert abi.ll_share_bytes(80) == 32

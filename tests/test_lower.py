@@ -292,7 +292,7 @@ def test_fusion_on_a_pipelined_chain():
     # the (1,2,0,1) and (1,3,0,1) transfers are sends of rank 1's own chunk: never fused
     assert all(a not in (3, 4, 5) for a, _ in pairs)
     ir = build_from_schedule(alg, dag, one)
-    assert ir.stats["fused"] == low.nfused
+    assert ir.allocation.fused == low.nfused
     check_fifo_order(ir)
     # one sub-pipeline per step: the chain still fuses across sub-pipelines
     low2 = lower(alg, dag, step_schedule(alg))
@@ -340,7 +340,7 @@ def test_examples_lower_deadlock_free(make, scheduler):
     check_structure(ir)
     check_fifo_order(ir)
     check_deadlock(ir)
-    s = ir.stats
+    s = ir.record()          # the stats as the JSON form and the manifest write them
     for k in ("transfers", "subpipelines", "tbs_state_based", "tbs_connection_based", "tbs_per_rank_max",
               "scheduler", "tb_alloc"):
         assert k in s
@@ -351,7 +351,7 @@ def test_examples_lower_deadlock_free(make, scheduler):
 
 def test_hm_allreduce_4x8_fits_16_tbs():
     ir = build_program(G.hm_allreduce(4, 8))
-    assert ir.stats["tbs_per_rank_max"] <= 16
+    assert ir.allocation.tbs_per_rank_max <= 16
     assert ir.stats["transfers"] == 1984
 
 
@@ -368,7 +368,7 @@ def test_random_programs_lower_deadlock_free(alg, scheduler, mode):
         sched = schedule_algorithm(alg, dag, scheduler)
     ir = build_from_schedule(alg, dag, sched, tb_alloc=mode)   # runs all three checks
     check_deadlock(ir)
-    assert ir.stats["tb_alloc"] == mode
+    assert ir.allocation.tb_alloc == mode
 
 
 def test_dependencies_stay_on_one_rank_and_cross_tbs():

@@ -55,7 +55,7 @@ def test_examples_round_trip(path):
     structure(text)
     assert export_xml(ir) == text, "export is deterministic"
     back = import_xml_text(text, path.stem + ".xml")
-    assert back.stats["execution"] == "task"   # split TBs keep hccc's own deadlock freedom
+    assert back.origin.execution == "task"   # split TBs keep hccc's own deadlock freedom
     same_results(ir, back)
     for inplace in (False, True):
         emu.check(text, inplace=inplace, seed=3, capacity=1,
@@ -82,8 +82,8 @@ def test_imported_msccl_programs_export_and_reimport(path):
     text = export_xml(ir)
     structure(text)
     back = import_xml_text(text)
-    assert back.stats["execution"] == ir.stats["execution"] == "algorithm"
-    modes = [m for m, ok in ((False, back.stats["msccl_outofplace"]), (True, back.stats["msccl_inplace"])) if ok]
+    assert back.origin.execution == ir.origin.execution == "algorithm"
+    modes = [m for m, ok in ((False, back.origin.outofplace), (True, back.origin.inplace)) if ok]
     same_results(ir, back, inplace_modes=modes)
     for m in modes:
         emu.check(text, inplace=m, seed=1, capacity=2)

@@ -24,7 +24,7 @@ SAMPLES = sorted((ROOT / "examples" / "msccl").glob("*.xml"))
 
 
 def modes(ir):
-    return [m for m, ok in ((False, ir.stats["msccl_outofplace"]), (True, ir.stats["msccl_inplace"])) if ok]
+    return [m for m, ok in ((False, ir.origin.outofplace), (True, ir.origin.inplace)) if ok]
 
 
 def computes(ir, inplace, seed=0, op="sum"):
@@ -37,7 +37,7 @@ def computes(ir, inplace, seed=0, op="sum"):
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
 def test_samples_import_and_compute(path):
     ir = import_xml(path)
-    assert ir.stats["source"] == "msccl-xml"
+    assert ir.origin.source == "msccl-xml"
     for inplace in modes(ir):
         for seed in (0, 1):
             assert computes(ir, inplace, seed), f"{path.name} inplace={inplace}"
@@ -46,20 +46,20 @@ def test_samples_import_and_compute(path):
 
 def test_msccl_tools_in_place_program_is_normalised():
     ir = import_xml(ROOT / "examples" / "msccl" / "allreduce_ring_4.xml")   # inplace="1", no outofplace
-    assert ir.stats["inplace_normalised"] and ir.stats["msccl_outofplace"] and ir.stats["msccl_inplace"]
+    assert ir.stats["inplace_normalised"] and ir.origin.outofplace and ir.origin.inplace
     p = ir.prims
     # the program used only the input buffer; now it works on the output after a copy into it
     assert not np.any((p["src_buf"] == Buf.INPUT) & (p["op"] != Op.COPY))
     assert not np.any(p["dst_buf"] == Buf.INPUT)
     assert int(np.sum(p["op"] == Op.COPY)) == ir.nranks
-    assert ir.stats["execution"] == "algorithm"
+    assert ir.origin.execution == "algorithm"
     for inplace in (False, True):
         assert computes(ir, inplace) and computes(ir, inplace, op="max")
 
 
 def test_out_of_place_only_without_outofplace_attribute():
     ir = import_xml(ROOT / "examples" / "msccl" / "reducescatter_ring_4.xml")   # inplace="0", no outofplace
-    assert ir.stats["msccl_outofplace"] and not ir.stats["msccl_inplace"]
+    assert ir.origin.outofplace and not ir.origin.inplace
     assert not ir.stats["inplace_normalised"]
 
 
@@ -152,8 +152,8 @@ def col_of(line: str, attr: str) -> int:
 
 def test_base_case_is_valid():
     ir = import_xml_text("\n".join(ag2()))
-    assert computes(ir, False) and not ir.stats["msccl_inplace"]
-    assert ir.stats["execution"] == "algorithm"    # s then r in one TB: fine for the runtimes only
+    assert computes(ir, False) and not ir.origin.inplace
+    assert ir.origin.execution == "algorithm"    # s then r in one TB: fine for the runtimes only
 
 
 def test_malformed_xml():

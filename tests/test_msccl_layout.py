@@ -342,7 +342,7 @@ def _forwarding_to_two_peers() -> tuple[object, mp.Prims]:
                     peer_x=a(9), peer_x2=a(10), key=np.zeros((n, 4), np.int64),
                     wait_a=np.zeros(0, np.int64), wait_b=np.zeros(0, np.int64))
     ir = SimpleNamespace(name="fwd", nranks=4, nchunks=2, in_chunks=2, out_chunks=2, scratch_chunks=0,
-                         collective="allgather", stats={})
+                         collective="allgather", placements=(False, True))
     return ir, rows
 
 

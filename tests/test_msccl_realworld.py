@@ -70,7 +70,7 @@ def _small_slots(ir):
 @pytest.mark.parametrize("n,per", [(2, 16), (3, 16), (2, 32)])
 def test_allpairs_with_16_and_32_chunk_steps_runs(n, per):
     ir = _small_slots(import_xml_text(allpairs_allreduce(n, per), "allpairs.xml"))
-    assert ir.stats["execution"] == "algorithm" and ir.max_step_chunks == per
+    assert ir.origin.execution == "algorithm" and ir.max_step_chunks == per
     assert ir.scratch_chunks < ir.nchunks
     C = ir.nchunks
     # uneven: some chunks one element larger; one micro-batch per chunk (algorithm-level order)

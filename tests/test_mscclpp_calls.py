@@ -100,7 +100,7 @@ def test_unpacking_what_the_block_just_packed_needs_no_nop():
     for seed in range(3):
         check_plan(plan, 2, seed=seed, runs=2)
     ir = import_plan_text(json.dumps(plan), "unpack.json")
-    assert ir.stats["source"] == "mscclpp-plan"
+    assert ir.origin.source == "mscclpp-plan"
 
 
 def test_unpacking_onto_other_bytes_than_were_packed_still_races():
@@ -120,14 +120,14 @@ def test_memory_channels_say_which_ranks_share_a_node():
     a = load_algorithm(EX / "hm_allreduce_2x4.rccl")
     ir = build_program(a)
     back = import_plan_text(plan_text(export_plan(ir, nodes=node_map(8, 4))), "hm.json")
-    assert back.stats["gpus_per_node"] == 4                    # memory channels within 0-3 and 4-7
+    assert back.origin.gpus_per_node == 4                    # memory channels within 0-3 and 4-7
     assert declared_nodes(None, back) == ([0] * 4 + [1] * 4, "gpus_per_node=4")
     assert placement_problems([f"n{r // 4}" for r in range(8)], ["cpu"] * 8,
                               assumed=declared_nodes(None, back)) == []
     assert placement_problems([f"n{r % 2}" for r in range(8)], ["cpu"] * 8, assumed=declared_nodes(None, back))
     # one node's plan (memory channels everywhere) says nothing about nodes
     one = import_plan_text(plan_text(export_plan(ir)), "hm1.json")
-    assert "gpus_per_node" not in one.stats
+    assert one.origin.gpus_per_node is None
 
 
 @pytest.mark.slow

@@ -59,7 +59,7 @@ def test_exported_plans_round_trip(name):
             k = kw.get("instances", 1) * kw.get("micro_batches", 1)
             assert (back.collective, back.nranks, back.nchunks) == (ir.collective, ir.nranks, ir.nchunks * k)
             assert back.placements == ((True,) if kw.get("inplace") else (False,))
-            assert back.stats["source"] == "mscclpp-plan" and back.stats["proto"] == kw.get("protocol", "Simple")
+            assert back.origin.source == "mscclpp-plan" and back.origin.proto == kw.get("protocol", "Simple")
             if kw.get("inplace"):
                 continue
             _runs_right(back)
@@ -74,7 +74,7 @@ def test_hand_written_plans_are_right_and_proven(make, tmp_path):
     f = tmp_path / "p.json"
     f.write_text(json.dumps(plan, indent=2))
     ir = load_program(f)                                   # told apart from a ProgramIR by its content
-    assert ir.stats["source"] == "mscclpp-plan"
+    assert ir.origin.source == "mscclpp-plan"
     _runs_right(ir, count=ir.nchunks * 8)
 
 
@@ -135,7 +135,7 @@ def test_check_command_reads_a_plan(tmp_path, capsys):
     assert "valid allgather on 3 ranks (MSCCL++ plan" in capsys.readouterr().out
     ir_json = tmp_path / "ir.json"
     ir_json.write_text(build_program(_alg("ring_allgather_8")).to_json())
-    assert load_program(ir_json).stats.get("source") != "mscclpp-plan"
+    assert load_program(ir_json).origin.source != "mscclpp-plan"
 
 
 def test_sim_reads_a_plan(tmp_path, capsys):

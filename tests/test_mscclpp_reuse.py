@@ -27,7 +27,7 @@ def test_reuse_plans_are_proven_and_run_right(make):
     for seed in range(2):
         check_plan(plan, 2 + seed, seed=seed, runs=2)
     ir = import_plan_text(json.dumps(plan), "reuse.json")
-    assert ir.stats["source"] == "mscclpp-plan"
+    assert ir.origin.source == "mscclpp-plan"
 
 
 def test_the_proven_range_stops_where_the_scratch_outgrows_the_shared_buffer():
@@ -36,7 +36,7 @@ def test_the_proven_range_stops_where_the_scratch_outgrows_the_shared_buffer():
         g["scratch_chunks"] = 1 << 10
     ir = import_plan_text(json.dumps(plan), "reuse.json")
     top = SHARED_SCRATCH_BYTES // (1 << 10) // 16 * 16 * 2
-    assert ir.stats["maxBytes"] == top and "reuse_resources" in ir.stats["note"]
+    assert ir.origin.max_bytes == top and "reuse_resources" in ir.origin.note
     # the interpreter agrees on where the plain semantics end: one alignment step (16 bytes x 2
     # input chunks, check_plan's unit) past the proven size it refuses to run the plan
     check_plan(plan, 2)
@@ -99,7 +99,7 @@ def test_the_plans_mscclpp_installs_import(tmp_path, capsys):
         return
     require_torch()
     ir = import_plan_text(two_node.read_text(), two_node.name)
-    assert ir.stats["gpus_per_node"] == 8
+    assert ir.origin.gpus_per_node == 8
     calls, want, _ = calls_for(ir, (56 << 10) // 4, seed=5)
     calls = [[{k: v for k, v in c.items() if k != "out"} for c in cs] * 2 for cs in calls]     # in place
     pool = RankPool(16, tmp_path)
@@ -135,7 +135,7 @@ def test_two_node_plans_run_across_two_emulated_nodes(tmp_path):
             text = (CORPUS / f"default_algos__{name}.json").read_text()
             plan = json.loads(text)
             ir = import_plan_text(text, f"{name}.json")
-            assert ir.stats["gpus_per_node"] == 2 and ir.placements == (inplace,)
+            assert ir.origin.gpus_per_node == 2 and ir.placements == (inplace,)
             for ahead in (0, 3):
                 check_plan(plan, 12, seed=ahead, runs=1 if inplace else 3, eager=ahead)
             count = ir.nchunks * 4 * 3

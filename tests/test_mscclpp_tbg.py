@@ -194,8 +194,8 @@ def test_a_group_over_chunks_its_size_does_not_divide_is_proven_only_at_sizes_of
     block slow, finds it wrong at 1, 3 and 5 units per chunk."""
     plan = grouped_quarters_allreduce()
     ir = import_plan_text(json.dumps(plan), "quarters.json")
-    assert "proven at message sizes whose chunks are a multiple of 4 x the alignment" in ir.stats["note"]
-    assert "execution_plan.cc:541-545" in ir.stats["note"]
+    assert "proven at message sizes whose chunks are a multiple of 4 x the alignment" in ir.origin.note
+    assert "execution_plan.cc:541-545" in ir.origin.note
     assert _interp_runs(plan, 4, (2, 4, 8)) is None
     for mult in (1, 3, 5):
         assert _interp_runs(plan, 4, (mult,)) is not None

@@ -4,6 +4,7 @@ Every result is compared with the collective's definition (:func:`hccc.runtime.r
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -112,7 +113,7 @@ def test_declared_nodes_of_every_input_form(tmp_path):
     assert placement_problems(["x"] * 3 + ["y"] * 5, ["cuda"] * 8, assumed=(uneven, "c")) == []
     split = placement_problems(["x"] * 4 + ["y"] * 4, ["cuda"] * 8, assumed=(uneven, "c"))
     assert any("places on 2 nodes" in m for m in split)
-    ir.stats["gpus_per_node"] = 3
+    ir.origin = dataclasses.replace(ir.origin, gpus_per_node=3)
     assert declared_nodes(None, ir) is None
 
 

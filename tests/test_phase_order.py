@@ -138,7 +138,7 @@ class _Stub:
         self.step_s, self.key_s = step_s, key_s
 
     def times(self, ir):
-        return [self.step_s if ir.stats.get("phase_order_moved") else self.key_s]
+        return [self.step_s if ir.allocation.phase_order_moved else self.key_s]
 
     def times_of(self, irs):
         return [self.times(ir) for ir in irs]
@@ -153,7 +153,7 @@ def test_the_cost_model_keeps_the_step_order_unless_the_key_order_is_faster():
     build = lambda order: build_program(alg, phase_order=order)
     for step_s, key_s, kept in ((1.0, 1.0, "step"), (1.0, 2.0, "step"), (2.0, 1.0, "key")):
         phased = build(True)
-        assert phased.stats["phase_order_moved"] > 0
+        assert phased.allocation.phase_order_moved > 0
         ir = faster_order(_Stub(step_s, key_s), phased, lambda: build(False))
         assert ir.stats["phase_order_kept"] == kept
         assert (ir.stats["phase_order_step_s"], ir.stats["phase_order_key_s"]) == (step_s, key_s)

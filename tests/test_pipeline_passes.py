@@ -40,7 +40,7 @@ def test_python_api_and_command_line_write_the_same_bytes(tmp_path, algo, cluste
     assert _files(tmp_path / "cli") == _files(tmp_path / "api")
     man = json.loads((tmp_path / "api" / "manifest.json").read_text())
     assert ("topology" in man) == bool(cluster)
-    if cluster and ctx.ir.stats.get("tbs_state_based") != ctx.ir.stats.get("tbs_connection_based"):
+    if cluster and ctx.ir.allocation.tbs_state_based != ctx.ir.allocation.tbs_connection_based:
         assert "tb_alloc_kept" in ctx.ir.stats       # the cost model chose, without the caller asking
 
 

@@ -8,6 +8,7 @@ and a probe program that reads the packed bytes through those structs and prints
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import re
 import shutil
@@ -191,7 +192,7 @@ def test_launch_call_is_the_one_recipe():
     assert refused.launch(epochs) == (0, False) and ll.launch(epochs) == (0, True)
     # a program proven under the algorithm-level order only (an MSCCL import): Simple, one
     # micro-batch per chunk, and a slice that cuts its chunks refused
-    ir.stats = dict(ir.stats or {}, execution="algorithm")
+    ir.origin = dataclasses.replace(ir.origin, execution="algorithm")
     call = LaunchCall.plan(ir, 1 << 16, 4, ir.chunk_bytes, proto="ll")
     assert call.proto == "simple" and "one micro-batch per chunk" in call.note
     assert call.slice_bytes == ir.chunk_bytes

@@ -271,7 +271,7 @@ def test_a_plans_message_sizes_are_a_ranks_part_and_hccc_serves_every_ranks():
     plan = _direct_plan(4, [1, 2, 3, 0])
     plan["min_message_size"], plan["max_message_size"] = 1024, 8192
     ir = import_plan_text(json.dumps(plan), "sr.json")
-    assert (ir.stats["minBytes"], ir.stats["maxBytes"]) == (4 * 1024, 4 * 8192)
+    assert (ir.origin.min_bytes, ir.origin.max_bytes) == (4 * 1024, 4 * 8192)
 
 
 @pytest.mark.slow   # about a minute: four rank processes building their kernels, UCX over TCP

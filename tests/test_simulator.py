@@ -392,9 +392,9 @@ def test_step_schedule_orders_by_step_and_uses_connection_tbs():
     assert np.all(np.diff(steps) >= 0)
     assert np.all(np.diff(sch.subpipeline[sch.order]) >= 0)
     ir = build_for_execution(alg, "algorithm")
-    assert ir.stats["tb_alloc"] == "connection"
+    assert ir.allocation.tb_alloc == "connection"
     assert ir.stats["scheduler"] == "step"
-    assert int(ir.ntbs.sum()) == ir.stats["tbs_connection_based"]
+    assert int(ir.ntbs.sum()) == ir.allocation.tbs_connection_based
 
 
 def test_idle_ratios_and_link_utilisation():
@@ -504,7 +504,7 @@ def test_build_without_fusion_has_no_fused_primitives():
     assert not np.isin(plain.prims["op"], fused).any()
     assert np.isin(build_for_execution(alg, "task", fuse=True).prims["op"], fused).any()
     assert not np.isin(build_for_execution(alg, "task").prims["op"], fused).any()   # fusion is opt-in
-    assert plain.stats["scheduler"] == "hpds" and plain.stats["fusion"] is False
+    assert plain.stats["scheduler"] == "hpds" and plain.allocation.fusion is False
     # fused traffic travels on channels of its own, with TBs of its own
     fz = build_for_execution(alg, "task", fuse=True)
     assert (fz.prims["channel"][np.isin(fz.prims["op"], fused)] >= 1).all()

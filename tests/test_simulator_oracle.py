@@ -336,7 +336,7 @@ def test_engine_matches_reference_on_multi_chunk_steps(data):
     nbytes = 4 * data.draw(st.integers(0, 20 * ir.nchunks), label="elements")
     # how the importer proved it deadlock-free (these send before they receive: "algorithm", with
     # the runtimes' two Simple messages per connection)
-    assert ir.stats["execution"] == "algorithm"
+    assert ir.origin.execution == "algorithm"
     compare(ir, topo, nbytes, "algorithm", data.draw(st.sampled_from([NSLOTS, 2]), label="nslots"))
 
 

@@ -599,7 +599,7 @@ def grid_entries(env: jinja2.Environment, ir: ProgramIR, platforms: list[tuple[s
 def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int]) -> dict:
     """The manifest's ``stats``: the IR's own, completed with transfer, sub-pipeline, TB and
     primitive counts."""
-    stats = dict(ir.stats)
+    stats = ir.record()
     if "transfers" not in stats:      # (not setdefault: the count is a sort of every primitive's task)
         stats["transfers"] = int(np.unique(ir.prims["task"][ir.prims["task"] >= 0]).size)
     stats.setdefault("subpipelines", int(ir.npipelines))

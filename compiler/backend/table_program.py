@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from hccc.compiler.backend import table_format as tf
-from hccc.compiler.ir.program_ir import COLLECTIVES, PRIM_COLUMNS, Buf, ProgramIR
+from hccc.compiler.ir.program_ir import COLLECTIVES, PRIM_COLUMNS, Buf, ProgramIR, split_stats
 from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, MAX_MIN_SLICE_BYTES
 
 
@@ -148,7 +148,10 @@ def program_from_table(manifest: dict, data: bytes, where: str = "table") -> Pro
             raise tf.TableFormatError(f"{where}: column '{k}' holds a value outside {np.dtype(dt).name}")
         prims[k] = a.astype(dt)
     nb = _buffer_chunks(manifest)
-    stats = manifest.get("stats")
+    try:
+        stats, origin, allocation = split_stats(manifest.get("stats") if isinstance(manifest.get("stats"), dict) else {})
+    except ValueError as exc:
+        raise tf.TableFormatError(f"manifest.json: {exc}") from None
     if manifest.get("collective") not in COLLECTIVES:
         raise tf.TableFormatError(f"manifest.json: unknown collective {str(manifest.get('collective'))[:40]!r}")
     ir = ProgramIR(
@@ -161,7 +164,7 @@ def program_from_table(manifest: dict, data: bytes, where: str = "table") -> Pro
         chunk_bytes=_whole(manifest.get("chunk_bytes"), "chunk_bytes", 1, 1 << 40),
         npipelines=_whole(manifest.get("npipelines", 0), "npipelines"),
         ntbs=np.array([tables[r][0].ntbs for r in range(N)], np.int32),
-        stats=dict(stats) if isinstance(stats, dict) else {},
+        stats=stats, origin=origin, allocation=allocation,
         root=_whole(manifest.get("root", 0), "root", 0, max(0, N - 1)),
         nchannels=max(1, _whole(manifest.get("nchannels", 1), "nchannels", 1, 1 << 16)))
     sl = manifest.get("slicing")

@@ -9,7 +9,7 @@ element of the step it names.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,7 @@ from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.interop.msccl_elements import INT_RE, Element, ElementReader, parse_elements
 from hccc.compiler.interop.msccl_format import MESSAGES_IN_FLIGHT, BUF_OF_LETTER, OP_OF_TYPE
 from hccc.compiler.interop.msccl_read import USES, ReadAlgorithm, Step, Tb, read_algorithm
-from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
+from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Allocation, Buf, IRFormatError, Op, Origin, ProgramIR
 
 #: the ProgramIR columns a row of :class:`_Rows` fills, in its order
 _ROW_COLUMNS = ("rank", "tb", "seq", "op", "send_peer", "recv_peer", "channel", "src_buf", "src_off", "dst_buf",
@@ -206,22 +206,21 @@ def _program(alg: ReadAlgorithm, cols: dict, dp: list, do: list, ntbs: np.ndarra
                    in_chunks=hdr.in_n, out_chunks=hdr.out_n, scratch_chunks=hdr.scratch_n, prims=cols,
                    dep_prim=np.asarray(dp, np.int64), dep_on=np.asarray(do, np.int64),
                    npipelines=1, ntbs=ntbs,
-                   stats={"source": "msccl-xml", "msccl_name": a.attrs["name"][:256], "proto": hdr.proto,
-                          "nchannels": hdr.nchannels, "msccl_inplace": bool(inplace or normalise),
-                          "msccl_outofplace": bool(outofplace or normalise),
-                          "inplace_normalised": bool(normalise), "minBytes": hdr.min_bytes,
-                          "maxBytes": hdr.max_bytes, "transfers": nsend,
-                          "tbs_per_rank_max": int(ntbs.max()) if N else 0,
-                          "tbs_connection_based": int(ntbs.sum()), "tbs_state_based": int(ntbs.sum())})
-    if hdr.nnodes:
-        ir.stats["gpus_per_node"] = N // hdr.nnodes
+                   stats={"msccl_name": a.attrs["name"][:256], "nchannels": hdr.nchannels,
+                          "inplace_normalised": bool(normalise), "transfers": nsend},
+                   origin=Origin(source="msccl-xml", proto=hdr.proto, min_bytes=hdr.min_bytes,
+                                 max_bytes=hdr.max_bytes, inplace=bool(inplace or normalise),
+                                 outofplace=bool(outofplace or normalise),
+                                 gpus_per_node=N // hdr.nnodes if hdr.nnodes else None),
+                   allocation=Allocation(tbs_per_rank_max=int(ntbs.max()) if N else 0,
+                                         tbs_connection_based=int(ntbs.sum()), tbs_state_based=int(ntbs.sum())))
     return ir
 
 
 # -- proofs -----------------------------------------------------------------------------------------
 def _prove(rd: ElementReader, alg: ReadAlgorithm, ir: ProgramIR, where: list) -> None:
     """The program is well-formed, deadlock-free as the runtimes run it, implements its collective
-    in every mode it declares and touches exactly its chunks; records ``stats["execution"]``."""
+    in every mode it declares and touches exactly its chunks; records ``origin.execution``."""
     a, hdr = alg.algo, alg.header
 
     def describe(i: int) -> str:
@@ -244,9 +243,9 @@ def _prove(rd: ElementReader, alg: ReadAlgorithm, ir: ProgramIR, where: list) ->
         raise located(exc, str(exc)) from None
     try:
         check_deadlock(ir)
-        ir.stats["execution"] = "task"
+        ir.origin = replace(ir.origin, execution="task")
     except DeadlockError:
-        ir.stats["execution"] = "algorithm"
+        ir.origin = replace(ir.origin, execution="algorithm")
     modes = []
     if hdr.outofplace or _normalised(alg):
         modes.append(False)

@@ -97,9 +97,8 @@ def _document(ir: ProgramIR, lay: Layout, lim: XmlLimits, k: int, lines) -> str:
     """The file: the ``<algo>``, ``<gpu>`` and ``<tb>`` elements around the step lines, which
     ``lines(lo, hi)`` makes a few thousand at a time (whole thread blocks)."""
     nch = int(lay.tb_ch.max(initial=0)) + 1
-    st_ = ir.stats or {}
-    inplace = 1 if st_.get("msccl_inplace", True) else 0
-    outofplace = 1 if st_.get("msccl_outofplace", True) else 0
+    inplace = 1 if True in ir.placements else 0
+    outofplace = 1 if False in ir.placements else 0
     pieces: list = [f'<algo name="{ir.name}" proto="{lim.proto}" nchannels="{nch}" '
                     f'nchunksperloop="{ir.nchunks * k}" ngpus="{ir.nranks}" coll="{SPECS[ir.collective].msccl}" '
                     f'inplace="{inplace}" outofplace="{outofplace}" minBytes="{lim.min_bytes}" '

@@ -67,7 +67,7 @@ Execution models. hccc's kernels run each primitive for every micro-batch before
 that hold two Simple (eight LL/LL128) messages. Every hccc program is deadlock-free under both; an
 MSCCL program usually only under the second (a TB that sends and then receives on a ring), so the
 importer checks deadlock freedom the runtimes' way and marks programs that need it with
-``stats["execution"] = "algorithm"`` (``"task"`` when hccc's own, stricter check passes too).
+``origin.execution = "algorithm"`` (``"task"`` when hccc's own, stricter check passes too).
 
 Import (:func:`import_xml`). Both msccl-tools output (no ``outofplace``/``minBytes``/``maxBytes``;
 ``outofplace`` is then ``not inplace``) and the runtime dialect are read; unknown attributes are

@@ -52,6 +52,7 @@ The import runs in phases, each in its own module, each handing the next what it
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +67,7 @@ from hccc.compiler.interop.mscclpp_rows import RowTable, write_rows
 from hccc.compiler.interop.mscclpp_sync import (check_counts, check_next_call, check_pipeline_iterations,
                                                 check_races)
 from hccc.compiler.frontend.collectives import SPECS
-from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, ProgramIR
+from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Allocation, Buf, IRFormatError, Origin, ProgramIR
 
 
 def import_plan(path: str | Path) -> ProgramIR:
@@ -137,24 +138,19 @@ def _program(plan: dict, layout: PlanLayout, blocks: PlanBlocks, table: RowTable
                    out_chunks=layout.oc * layout.F, scratch_chunks=max(layout.scratch) * layout.F + layout.PK,
                    prims=cols, dep_prim=np.asarray(dp, np.int64),
                    dep_on=np.asarray(do, np.int64), npipelines=1, ntbs=ntbs,
-                   stats={"source": "mscclpp-plan", "proto": layout.proto, "msccl_inplace": layout.inplace,
-                          "msccl_outofplace": not layout.inplace,
-                          # hccc's full-buffer bytes: a plan's message is a SendRecv rank's part
-                          "minBytes": layout.served[0] * parts,
-                          # (0: no bound; stats hold 64-bit integers, a plan's bound is uint64)
-                          "maxBytes": min(layout.served[1] * parts, (1 << 63) - 1)
-                          if "max_message_size" in plan or layout.served[2] else 0,
-                          "transfers": int((cols["send_peer"] >= 0).sum()),
-                          "tbs_per_rank_max": int(ntbs.max()), "tbs_connection_based": int(ntbs.sum()),
-                          "tbs_state_based": int(ntbs.sum())})
+                   stats={"transfers": int((cols["send_peer"] >= 0).sum())},
+                   allocation=Allocation(tbs_per_rank_max=int(ntbs.max()), tbs_connection_based=int(ntbs.sum()),
+                                         tbs_state_based=int(ntbs.sum())))
     notes = [layout.served[2]] if layout.served[2] else []
     if layout.uneven:
         notes.append(uneven_groups_note(layout.F))
-    if notes:
-        ir.stats["note"] = "; ".join(notes)
-    g = node_size(layout)
-    if g:
-        ir.stats["gpus_per_node"] = g
+    ir.origin = Origin(source="mscclpp-plan", proto=layout.proto, inplace=layout.inplace, outofplace=not layout.inplace,
+                       # hccc's full-buffer bytes: a plan's message is a SendRecv rank's part
+                       min_bytes=layout.served[0] * parts,
+                       # (0: no bound; stats hold 64-bit integers, a plan's bound is uint64)
+                       max_bytes=min(layout.served[1] * parts, (1 << 63) - 1)
+                       if "max_message_size" in plan or layout.served[2] else 0,
+                       note="; ".join(notes) if notes else None, gpus_per_node=node_size(layout) or None)
     ir.sort_canonical()
     return ir, np.lexsort((seq, tb, rank))
 
@@ -191,9 +187,9 @@ def _checked(rd: PlanReader, layout: PlanLayout, blocks: PlanBlocks, table: RowT
         fail(exc)
     try:
         check_deadlock(ir)
-        ir.stats["execution"] = "task"
+        ir.origin = replace(ir.origin, execution="task")
     except DeadlockError:
-        ir.stats["execution"] = "algorithm"
+        ir.origin = replace(ir.origin, execution="algorithm")
     if SPECS[ir.collective].parameter == "shift":
         ir.root = shift_of(ir, layout.inplace)
     try:

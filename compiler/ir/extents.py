@@ -66,7 +66,7 @@ def count_unit(ir: ProgramIR) -> int:
     unit = spec_of(ir.collective).count_unit(ir.nranks)
     if unit == 1:
         return 1
-    if (ir.stats or {}).get("source") == "msccl-xml" and ir.scratch_chunks:
+    if ir.origin.source == "msccl-xml" and ir.scratch_chunks:
         return max(1, int(ir.nchunks))
     return unit
 

@@ -154,6 +154,86 @@ ROOTED = tuple(name for name, spec in SPECS.items() if spec.rooted)
 PARAMETERS = {name: spec.parameter for name, spec in SPECS.items() if spec.parameter}
 
 
+@dataclass(frozen=True)
+class Origin:
+    """What the reader of an imported program (an MSCCL XML, an MSCCL++ plan) found and proved; a
+    program hccc lowered records none of it (every field None: not recorded)."""
+
+    source: str | None = None         #: the format read: "msccl-xml", "mscclpp-plan"
+    execution: str | None = None      #: the order proven: "task" (hccc's kernels) or "algorithm" (MSCCL's only)
+    gpus_per_node: int | None = None  #: ranks per node the program was written for
+    inplace: bool | None = None       #: proven in place (None: both placements)
+    outofplace: bool | None = None    #: proven out of place (None: both placements)
+    note: str | None = None           #: where the import's proof stops (e.g. the message sizes it covers)
+    proto: str | None = None          #: the runtime protocol it was written for ("Simple", "LL", "LL128")
+    min_bytes: int | None = None      #: the message sizes it serves (full-buffer bytes; max 0: no bound)
+    max_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """How the program's thread blocks were allocated and fused, and what the cost model kept (None:
+    not recorded, e.g. a hand-written program)."""
+
+    tb_alloc: str | None = None             #: the allocation asked for: "state" or "connection"
+    tbs_state_based: int | None = None      #: TBs (all ranks) of the allocation kept
+    tbs_connection_based: int | None = None  #: TBs (all ranks) with one per connection end
+    tbs_per_rank_max: int | None = None
+    fused: int | None = None                #: fused primitives
+    fusion: bool | None = None              #: fusion on after the deadlock back-off
+    phase_order_moved: int | None = None    #: primitives the step order moved in their TB
+    tb_alloc_kept: str | None = None        #: the allocation the cost model kept (None: not compared)
+
+
+#: the typed fields' entries in the JSON form's (and the manifest's) ``stats``: field -> (key, type)
+RECORD_KEYS: dict[type, dict[str, tuple[str, type]]] = {
+    Origin: {"source": ("source", str), "execution": ("execution", str), "gpus_per_node": ("gpus_per_node", int),
+             "inplace": ("msccl_inplace", bool), "outofplace": ("msccl_outofplace", bool), "note": ("note", str),
+             "proto": ("proto", str), "min_bytes": ("minBytes", int), "max_bytes": ("maxBytes", int)},
+    Allocation: {f: (f, t) for f, t in (("tb_alloc", str), ("tbs_state_based", int), ("tbs_connection_based", int),
+                                          ("tbs_per_rank_max", int), ("fused", int), ("fusion", bool),
+                                          ("phase_order_moved", int), ("tb_alloc_kept", str))},
+}
+#: the values a typed string entry may take (others: any)
+RECORD_CHOICES = {"execution": ("task", "algorithm"), "tb_alloc": ("state", "connection"),
+                  "tb_alloc_kept": ("state", "connection")}
+
+
+_KIND_WORDS = {str: "a string", int: "an integer", bool: "true or false"}
+
+
+def record_entries(*records) -> dict:
+    """The ``stats`` entries of typed records (:data:`RECORD_KEYS`; None fields left out)."""
+    out: dict = {}
+    for rec in records:
+        for f, (key, _) in RECORD_KEYS[type(rec)].items():
+            v = getattr(rec, f)
+            if v is not None:
+                out[key] = v
+    return out
+
+
+def split_stats(stats: dict) -> tuple[dict, Origin, Allocation]:
+    """A ``stats`` object read back (a ProgramIR file, a manifest) as the statistics proper and the
+    typed records; an entry of the wrong type is a :class:`ValueError` naming it."""
+    rest = dict(stats)
+    made = []
+    for cls, keys in RECORD_KEYS.items():
+        values = {}
+        for f, (key, typ) in keys.items():
+            v = rest.pop(key, None)
+            if v is None:
+                continue
+            ok = isinstance(v, bool) if typ is bool else (isinstance(v, typ) and not isinstance(v, bool))
+            if not ok:
+                raise ValueError(f"'stats' entry '{key}' must be {_KIND_WORDS[typ]}, not {v!r:.40}")
+            if key in RECORD_CHOICES and v not in RECORD_CHOICES[key]:
+                raise ValueError(f"'stats' entry '{key}' must be one of {', '.join(RECORD_CHOICES[key])}, not {v!r:.40}")
+            values[f] = v
+        made.append(cls(**values))
+    return rest, made[0], made[1]
+
+
 @dataclass
 class ProgramIR:
     name: str                  # sanitised identifier ([A-Za-z_][A-Za-z0-9_]*)
@@ -170,11 +250,18 @@ class ProgramIR:
     chunk_bytes: int = 1 << 20  # micro-batch slice size (FIFO slot) in bytes
     npipelines: int = 0        # number of sub-pipelines
     ntbs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # TBs per rank
-    stats: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)   # statistics only (counts, the cost model's times): nothing reads them to decide
     root: int = 0              # the collective's rank parameter: a root, SendRecv's shift (0 for the others)
     nchannels: int = 1         # blocks (replicas) per TB: each moves its part of every slice
     micro_batches: int = DEFAULT_MICRO_BATCHES      # the slice policy (compiler/frontend/slice_policy.py):
     min_slice_bytes: int = DEFAULT_MIN_SLICE_BYTES  # least micro-batches per chunk, least slice
+    origin: Origin = field(default_factory=Origin)            # what an import found (none for hccc's own)
+    allocation: Allocation = field(default_factory=Allocation)  # the TB allocation and fusion, and what was kept
+
+    def record(self) -> dict:
+        """``stats`` as the JSON form and the manifest write it: the statistics and the typed
+        records' entries (:data:`RECORD_KEYS`)."""
+        return {**self.stats, **record_entries(self.origin, self.allocation)}
 
     @property
     def slice_policy(self) -> SlicePolicy:
@@ -190,15 +277,15 @@ class ProgramIR:
         place. hccc's own programs serve both (the lowering maps one program onto either); an
         imported MSCCL XML serves the ones its ``inplace``/``outofplace`` attributes declare (an
         in-place-only algorithm is normalised with an input-to-output copy, so it serves both)."""
-        st = self.stats or {}
-        return tuple(p for p, key in ((False, "msccl_outofplace"), (True, "msccl_inplace")) if st.get(key, True))
+        o = self.origin
+        return tuple(p for p, ok in ((False, o.outofplace), (True, o.inplace)) if ok is None or ok)
 
     @property
     def algorithm_level(self) -> bool:
         """Proven only under MSCCL's algorithm-level order (an imported MSCCL XML whose thread
         blocks must run their whole step list per micro-batch). hccc's kernels run task-level, so
         such a program runs correctly only with one micro-batch per chunk, where the orders agree."""
-        return (self.stats or {}).get("execution") == "algorithm"
+        return self.origin.execution == "algorithm"
 
     # ------------------------------------------------------------------ basic views
     @property
@@ -264,7 +351,7 @@ class ProgramIR:
             "tbs_per_rank": [int(x) for x in self.ntbs],
             "ops": [o.name.lower() for o in Op],
             "buffer_names": [b.name.lower() for b in Buf],
-            "stats": self.stats,
+            "stats": self.record(),
         }
         if self.collective in PARAMETERS:
             head[PARAMETERS[self.collective]] = int(self.root)

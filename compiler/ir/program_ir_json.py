@@ -16,7 +16,7 @@ from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, MAX_MIN_SLICE
 from hccc.compiler.ir.program_ir import (CHUNK_ALIGN, COLLECTIVES, MAX_CHANNELS, MAX_CHUNK_BYTES, MAX_CHUNKS,
                                          MAX_PRIMS, MAX_RANKS, MAX_TBS_PER_RANK, MAX_WARPS, NAME_RE,
                                          OLD_SCHEMAS, PARAMETERS, PRIM_COLUMNS, SCHEMA, Buf, IRFormatError, Op,
-                                         ProgramIR)
+                                         ProgramIR, split_stats)
 
 _OK = object()
 _TYPE_WORDS = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
@@ -122,12 +122,14 @@ class _Decoder:
         if len(dp) and not n:
             raise IRFormatError("deps: 'prim' and 'on' must be equal-length lists of primitive indices")
         tbs = self.int_list(d, "tbs_per_rank", "top level", 0, MAX_TBS_PER_RANK, nranks)
+        stats, origin, allocation = self.stats(d)
         return ProgramIR(name=name, collective=coll, nranks=nranks, nchunks=nchunks,
                    in_chunks=sizes[0], out_chunks=sizes[1], scratch_chunks=sizes[2],
                    prims=prims, dep_prim=dp, dep_on=do,
                    nwarps=nwarps, chunk_bytes=chunk_bytes, npipelines=npipelines,
-                   ntbs=tbs.astype(np.int32), stats=self.stats(d), root=root, nchannels=nchannels,
-                   micro_batches=policy.micro_batches, min_slice_bytes=policy.min_slice)
+                   ntbs=tbs.astype(np.int32), stats=stats, root=root, nchannels=nchannels,
+                   micro_batches=policy.micro_batches, min_slice_bytes=policy.min_slice, origin=origin,
+                   allocation=allocation)
 
     def schema(self, d) -> None:
         """A file of this schema, numbering ops and buffers as this hccc does."""
@@ -170,7 +172,8 @@ class _Decoder:
             prims[k] = arr.astype(dt)
         return prims, n
 
-    def stats(self, d) -> dict:
+    def stats(self, d) -> tuple:
+        """The statistics and the typed records they carry (:func:`~hccc.compiler.ir.program_ir.split_stats`)."""
         stats = d.get("stats", {})
         if stats is None:
             stats = {}
@@ -181,4 +184,7 @@ class _Decoder:
         if any(isinstance(v, int) and not isinstance(v, bool) and abs(v) > 1 << 63 for v in stats.values()):
             raise IRFormatError("top level: field 'stats' holds an integer out of the 64-bit range",
                                 *self.at("stats"))
-        return stats
+        try:
+            return split_stats(stats)
+        except ValueError as exc:
+            raise IRFormatError(f"top level: {exc}", *self.at("stats")) from None

@@ -108,8 +108,8 @@ def build_from_schedule(alg: Algorithm, dag, sched: Schedule, *, tb_alloc: str =
         "subpipelines": int(sched.nsubpipelines),
         "scheduler": sched.scheduler,
         "fusion_backoffs": len(forbid),
-        "fusion": bool(use_fusion),
     })
+    ir.allocation = dataclasses.replace(ir.allocation, fusion=bool(use_fusion))
     ir.micro_batches = int(alg.header.micro_batches)     # the header's slice policy (slicing.SlicePolicy)
     ir.min_slice_bytes = int(alg.header.min_slice_bytes)
     return ir

@@ -42,7 +42,7 @@ import numpy as np
 from networkx.utils import UnionFind
 
 from hccc.compiler.passes.lower import LoweredProgram
-from hccc.compiler.ir.program_ir import PRIM_COLUMNS, ProgramIR
+from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Allocation, ProgramIR
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort, unique_inverse
 
 SEND_DIR = 0
@@ -359,15 +359,12 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
         prims=prims, dep_prim=dp.astype(np.int64), dep_on=do.astype(np.int64),
         nwarps=nwarps, chunk_bytes=chunk_bytes, npipelines=low.npipelines,
         ntbs=ntbs.astype(np.int32),
-        stats={
-            "tb_alloc": mode,
-            "tbs_state_based": int(state_count.sum()),
-            "tbs_connection_based": int(conn_count.sum()),
-            "tbs_per_rank_max": int(ntbs.max()) if N else 0,
-            "fused": int(low.nfused),
+        allocation=Allocation(
+            tb_alloc=mode, tbs_state_based=int(state_count.sum()), tbs_connection_based=int(conn_count.sum()),
+            tbs_per_rank_max=int(ntbs.max()) if N else 0, fused=int(low.nfused),
             # primitives whose place in their TB the step order changed (0: none, or no phase)
-            "phase_order_moved": moved,
-        }, root=int(low.root))
+            phase_order_moved=moved,
+        ), root=int(low.root))
     return ir
 
 

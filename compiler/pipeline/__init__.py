@@ -2,9 +2,12 @@
 
 - :mod:`.readers`: the input formats (``.rccl``, MSCCL ``.xml``, MSCCL++ plan and ProgramIR
   ``.json``), registered once; every command finds its reader there.
-- :mod:`.context`: :class:`CompileContext` (what one compile was given and what its passes made),
-  :class:`Pass` and the runner that times the passes and runs a large compile's second thread.
-- :mod:`.compile`: THE list of passes (:func:`compile_passes`) and the entries.
+- :mod:`.context`: :class:`CompileContext` (what one compile was given and the typed
+  representation each stage made), :class:`Pass` and the runner that times the passes and runs a
+  large compile's second thread.
+- :mod:`.compile`: THE list of passes (:func:`compile_passes`), the stages (:data:`STAGES`,
+  :func:`run_until`) and the entries.
+- :mod:`.dumps`: a stage's representation as text (``hccc ALGO --dump-after STAGE``).
 - :mod:`.cost_model`: the cost-model choices (thread-block allocation, fusion) as passes.
 - :mod:`.emitters`: what is written (specialised or table kernels, the MSCCL XML, the MSCCL++
   plan), registered.
@@ -19,8 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hccc.compiler.pipeline.cluster import ClusterSource, load_cluster, read_cluster
-from hccc.compiler.pipeline.compile import (build, compile_algorithm, compile_passes, compile_program,
-                                            context_for, program_passes)
+from hccc.compiler.pipeline.compile import (STAGES, build, compile_algorithm, compile_passes, compile_program,
+                                            context_for, program_passes, run_until)
 from hccc.compiler.pipeline.context import BESIDE_FROM, CompileContext, Pass, StageTimes, run_passes
 from hccc.compiler.pipeline.manifest import load_manifest, manifest_codegen, manifest_path
 from hccc.compiler.pipeline.options import (TARGETS, VENDOR_PLATFORM, CompileOptions, apply_channels,
@@ -62,8 +65,8 @@ def output_list(path: str | Path, opts: CompileOptions, cluster: ClusterSource |
     return planned_files(opts.codegen, name, plats, which)
 
 
-__all__ = ["BESIDE_FROM", "TARGETS", "VENDOR_PLATFORM", "ClusterSource", "CompileContext", "CompileOptions",
+__all__ = ["BESIDE_FROM", "STAGES", "TARGETS", "VENDOR_PLATFORM", "ClusterSource", "CompileContext", "CompileOptions",
            "Pass", "Reader", "StageTimes", "apply_channels", "build", "compile_algorithm", "compile_passes",
            "compile_program", "context_for", "load_algorithm", "load_cluster", "load_manifest", "load_program",
            "manifest_codegen", "manifest_path", "output_list", "platforms_for", "program_passes", "read_cluster",
-           "read_input", "reader_for", "register_reader", "run_passes", "xml_instances"]
+           "read_input", "reader_for", "register_reader", "run_passes", "run_until", "xml_instances"]

@@ -3,8 +3,17 @@
 :func:`build` (the program only, nothing written), :func:`compile_algorithm` and
 :func:`compile_program`.
 
+The stages (:data:`STAGES`), each a function from one representation to the next, its result
+a typed field of the context::
+
+    algorithm (Algorithm, verified)  -> dag (DependencyDAG)  -> schedule (Schedule)
+      -> lowered (ProgramIR: lowered, thread blocks allocated, checked)
+      -> program-ir (ProgramIR: the cost model's choices and the channel count applied)
+
 An algorithm (``.rccl``) goes through every pass; a ProgramIR given as such (an MSCCL ``.xml``, a
 ProgramIR ``.json``) skips those that make one (verify ... lower) and is emitted as given.
+:func:`run_until` stops after a stage (``hccc ALGO --dump-after STAGE``,
+:mod:`hccc.compiler.pipeline.dumps`).
 """
 from __future__ import annotations
 
@@ -24,7 +33,6 @@ def verify_algorithm(ctx: CompileContext) -> None:
     """Prove the algorithm implements its collective (:func:`hccc.compiler.passes.verify.verify`)."""
     from hccc.compiler.passes.verify import verify
     verify(ctx.algorithm)
-    ctx.verified = True
 
 
 def fit_cluster(ctx: CompileContext) -> None:
@@ -35,7 +43,7 @@ def fit_cluster(ctx: CompileContext) -> None:
     if ctx.algorithm is not None:
         topology_check.check_on_topology(ctx.algorithm, c.topology, c.name)
     else:
-        topology_check.check_ir_on_topology(ctx.ir, c.topology, c.name, ctx.inputs[0] if ctx.inputs else None)
+        topology_check.check_ir_on_topology(ctx.given, c.topology, c.name, ctx.inputs[0] if ctx.inputs else None)
     ctx.manifest["topology"] = c.manifest_entry()
 
 
@@ -62,27 +70,37 @@ def lowered(ctx: CompileContext, *, tb_alloc: str, fuse: bool, check: bool = Tru
     return ir
 
 
-def lower(ctx: CompileContext) -> dict:
-    """Lower, allocate thread blocks, run the IR checks. In a large compile the checks go beside
-    code generation (the ``checks`` pass) unless fusion's back-off needs them here or a cost model
+def checks_beside(ctx: CompileContext) -> bool:
+    """Whether the IR checks of the lowering run beside code generation (the ``checks`` pass): in
+    a large compile, unless fusion's back-off needs them in the lowering or a cost model
     simulates the program."""
+    return ctx.large and not ctx.options.fused and ctx.cost_model is None
+
+
+def lower(ctx: CompileContext) -> dict:
+    """Lower, allocate thread blocks, run the IR checks (or leave them to the ``checks`` pass,
+    :func:`checks_beside`): the ``lowered`` program, which the choices and channels start from."""
     phases: dict[str, float] = {}
-    inline = not ctx.large or ctx.options.fused or ctx.cost_model is not None
-    ctx.ir = lowered(ctx, tb_alloc=ctx.options.tb_alloc, fuse=ctx.options.fused, check=inline, timings=phases)
-    ctx.ir_checked = inline
-    ctx.structure_checked = True      # here or by the checks pass, before anything is committed
+    ctx.lowered = lowered(ctx, tb_alloc=ctx.options.tb_alloc, fuse=ctx.options.fused, check=not checks_beside(ctx),
+                          timings=phases)
+    ctx.ir = ctx.lowered
     return phases
 
 
 def check_ir(ctx: CompileContext) -> None:
     """The IR checks of an unfused lowering (structure, FIFO order, deadlock freedom)."""
     from hccc.compiler.passes import build
-    build.check_program(ctx.ir)
-    ctx.ir_checked = True
+    build.check_program(ctx.lowered)
 
 
 def _choosing(ctx: CompileContext) -> bool:
     return ctx.cost_model is not None and ctx.algorithm is not None and ctx.options.tb_alloc == "state"
+
+
+def compared_channels(ctx: CompileContext) -> int:
+    """The channel count the cost model compares programs at: the one the lowered program gets."""
+    return resolve_channel_count(ctx.lowered, ctx.options, ctx.platforms, ctx.declared_channels,
+                                 declared_at=ctx.header_location)
 
 
 def choose_allocation(ctx: CompileContext) -> None:
@@ -91,11 +109,8 @@ def choose_allocation(ctx: CompileContext) -> None:
     the program gets."""
     from hccc.compiler.passes.channels import with_channels
     from hccc.compiler.pipeline.cost_model import faster_allocation
-    k = resolve_channel_count(ctx.ir, ctx.options, ctx.platforms(), ctx.declared_channels,
-                              declared_at=ctx.header_location)
-    ctx.analyses["compared_channels"] = k
     fused = ctx.options.fused
-    ctx.ir = faster_allocation(ctx.cost_model, with_channels(ctx.ir, k),
+    ctx.ir = faster_allocation(ctx.cost_model, with_channels(ctx.ir, compared_channels(ctx)),
                                partial(lowered, ctx, tb_alloc="connection", fuse=fused))
 
 
@@ -105,13 +120,13 @@ def choose_fusion(ctx: CompileContext) -> None:
     allocation choice."""
     from hccc.compiler.passes.channels import with_channels
     from hccc.compiler.pipeline.cost_model import faster_allocation, faster_fusion
-    fused = with_channels(lowered(ctx, tb_alloc="state", fuse=True), ctx.analyses["compared_channels"])
+    fused = with_channels(lowered(ctx, tb_alloc="state", fuse=True), compared_channels(ctx))
     fused = faster_allocation(ctx.cost_model, fused, partial(lowered, ctx, tb_alloc="connection", fuse=True))
     ctx.ir = faster_fusion(ctx.cost_model, ctx.ir, fused)
 
 
 def _choosing_order(ctx: CompileContext) -> bool:
-    return ctx.cost_model is not None and ctx.algorithm is not None and bool(ctx.ir.stats.get("phase_order_moved"))
+    return ctx.cost_model is not None and ctx.algorithm is not None and bool(ctx.ir.allocation.phase_order_moved)
 
 
 def choose_order(ctx: CompileContext) -> None:
@@ -119,17 +134,17 @@ def choose_order(ctx: CompileContext) -> None:
     (:func:`~hccc.compiler.pipeline.cost_model.faster_order`), against the schedule's key order
     with the same allocation, fusion and channels."""
     from hccc.compiler.pipeline.cost_model import faster_order
-    st = ctx.ir.stats
-    mode = "connection" if st.get("tb_alloc_kept") == "connection" else ctx.options.tb_alloc
+    al = ctx.ir.allocation
+    mode = "connection" if al.tb_alloc_kept == "connection" else ctx.options.tb_alloc
     ctx.ir = faster_order(ctx.cost_model, ctx.ir,
-                          partial(lowered, ctx, tb_alloc=mode, fuse=bool(st.get("fusion")), phase_order=False))
+                          partial(lowered, ctx, tb_alloc=mode, fuse=bool(al.fusion), phase_order=False))
 
 
 def channels(ctx: CompileContext) -> None:
     """Blocks per thread block: ``--channels``, or auto (the algorithm's declared count, else the
     hardware rule of :mod:`hccc.compiler.passes.channels`)."""
     from hccc.compiler.passes.channels import with_channels
-    ctx.ir = with_channels(ctx.ir, resolve_channel_count(ctx.ir, ctx.options, ctx.platforms(),
+    ctx.ir = with_channels(ctx.ir, resolve_channel_count(ctx.ir, ctx.options, ctx.platforms,
                                                          ctx.declared_channels, declared_at=ctx.header_location))
 
 
@@ -157,7 +172,7 @@ def program_passes() -> list[Pass]:
         Pass("dag", build_dag, when=_has_algorithm, stage="schedule+lower"),
         Pass("schedule", schedule, when=_has_algorithm, stage="schedule+lower"),
         Pass("lower", lower, when=_has_algorithm, stage="schedule+lower"),
-        Pass("checks", check_ir, when=lambda ctx: _has_algorithm(ctx) and not ctx.ir_checked, beside="codegen"),
+        Pass("checks", check_ir, when=lambda ctx: _has_algorithm(ctx) and checks_beside(ctx), beside="codegen"),
         Pass("allocation", choose_allocation, when=_choosing, stage="tb_alloc choice"),
         Pass("fusion", choose_fusion, when=lambda ctx: _choosing(ctx) and ctx.options.fuse == "auto",
              stage="tb_alloc choice"),
@@ -177,6 +192,29 @@ def compile_passes() -> list[Pass]:
     ]
 
 
+#: the stages, in order, each with the pass that completes its representation (what ``--dump-after``
+#: names): the lowered program is complete once its IR checks ran (in a large compile they would
+#: otherwise run beside code generation); a given program has the last stage only.
+STAGES: dict[str, str] = {"algorithm": "topology", "dag": "dag", "schedule": "schedule", "lowered": "checks",
+                          "program-ir": "channels"}
+
+
+def run_until(ctx: CompileContext, stage: str) -> CompileContext:
+    """Run the compile's passes through ``stage`` (:data:`STAGES`), nothing written: ``ctx`` then
+    holds that stage's representation (:func:`hccc.compiler.pipeline.dumps.dump`). A given
+    program (no algorithm) has no stage before ``program-ir``: a :class:`CompileError`."""
+    from hccc.util.diagnostics import CompileError, Diagnostic
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r} (expected one of {', '.join(STAGES)})")
+    if ctx.algorithm is None and stage != "program-ir":
+        what = f"'{ctx.inputs[0].name}'" if ctx.inputs else "the input"
+        raise CompileError([Diagnostic(f"{what} is a program, not an algorithm: it has no '{stage}' stage "
+                                       "(only 'program-ir' can be dumped)", None)])
+    passes = compile_passes()
+    last = next(i for i, p in enumerate(passes) if p.name == STAGES[stage])
+    return run_passes(ctx, passes[:last + 1])
+
+
 # ---------------------------------------------------------------------------------- entries
 def context_for(source, opts: CompileOptions | None = None, *, cluster=None, cost_model=None,
                 xml_limits=None, times: StageTimes | None = None) -> CompileContext:
@@ -189,8 +227,7 @@ def context_for(source, opts: CompileOptions | None = None, *, cluster=None, cos
         ctx.inputs.append(Path(source))
         source = ctx.times.run("parse", read_input, source, ctx.options)
     if hasattr(source, "prims"):
-        ctx.ir = source
-        ctx.analyses["given_channels"] = int(source.nchannels)   # a given program's own count
+        ctx.given = ctx.ir = source
     else:
         ctx.algorithm = source
     return ctx
@@ -241,5 +278,5 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     return ctx.ir, ctx.files, ctx.notes
 
 
-__all__ = ["compile_passes", "program_passes", "context_for", "compile", "build", "compile_algorithm",
-           "compile_program", "lowered"]
+__all__ = ["STAGES", "compile_passes", "program_passes", "context_for", "compile", "build", "compile_algorithm",
+           "compile_program", "lowered", "run_until"]

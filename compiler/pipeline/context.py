@@ -1,8 +1,8 @@
 """The state of one compile (:class:`CompileContext`), the passes that change it (:class:`Pass`) and
 the runner that times them and runs the large compile's second thread (:func:`run_passes`).
 
-A pass is a function of the context. It reads what earlier passes left there (the algorithm, the
-DAG, the schedule, the ProgramIR, ...) and leaves its own result; ``when`` says whether it applies
+A pass is a function of the context. It reads the representations earlier passes left there (the
+algorithm, the DAG, the schedule, the lowered program, the ProgramIR) and leaves its own; ``when`` says whether it applies
 to this compile. The runner records every pass's seconds under its stage (``--timings``), so no
 pass times itself. A pass with ``beside=STAGE`` runs on a second thread, beside the passes of
 ``STAGE``, when the program has :data:`BESIDE_FROM` transfers or more (numpy work on whole columns,
@@ -16,11 +16,17 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from functools import cached_property
+from typing import TYPE_CHECKING, Callable, Union
 
 from hccc.compiler.pipeline.options import CompileOptions, platforms_for
 
 if TYPE_CHECKING:
+    from hccc.compiler.frontend.algorithm import Algorithm
+    from hccc.compiler.interop.msccl_format import XmlLimits
+    from hccc.compiler.ir.program_ir import ProgramIR
+    from hccc.compiler.passes.dag import DependencyDAG
+    from hccc.compiler.passes.schedule import Schedule
     from hccc.compiler.pipeline.cluster import ClusterSource
     from hccc.compiler.pipeline.cost_model import CostModel
 
@@ -58,38 +64,46 @@ class StageTimes:
             self.add(name, time.perf_counter() - t0)
 
 
+#: a value of the manifest (what a pass adds to it is written as JSON)
+JsonValue = Union[str, int, float, bool, None, list["JsonValue"], dict[str, "JsonValue"]]
+
+
 @dataclass
 class CompileContext:
-    """One compile: what it was given, what its passes made, and how long each took.
+    """One compile: what it was given, the representation each stage made, and how long each took.
 
-    Given: ``options``, ``algorithm`` (an Algorithm, verified and scheduled by the passes) or
-    ``ir`` (a ProgramIR taken as given), ``cluster``, ``cost_model`` (chooses allocation and fusion
-    on the cluster), ``xml_limits``, ``outdir``. Made by the passes: ``dag``, ``schedule``, ``ir``,
-    ``exports`` (file name -> text of each export emitter), ``manifest`` (entries the emitters
-    add to the manifest), ``files`` (written, sorted), ``notes`` (warnings for the user).
-    State the passes hand on: ``verified``, ``ir_checked`` (the IR checks passed or are running
-    beside), ``structure_checked`` (code generation need not check the structure again).
-    ``analyses`` caches what several passes compute (platforms, channel counts)."""
+    Given: ``options``, the input (``algorithm``, an Algorithm the stages verify, schedule and
+    lower; or ``given``, a ProgramIR taken as it is), ``cluster``, ``cost_model`` (chooses
+    allocation, fusion and order on the cluster), ``xml_limits``, ``outdir``, ``inputs``.
+
+    Made by the stages, each from the one before (:data:`~hccc.compiler.pipeline.compile.STAGES`):
+    ``dag`` (from the algorithm), ``schedule`` (from the DAG), ``lowered`` (the program the
+    schedule lowers to, thread blocks allocated), ``ir`` (the program the output is made from:
+    the lowered one or the one given, the cost model's choices and the channel count applied).
+    Made by the emitters: ``exports`` (file name -> text), ``manifest`` (entries they add),
+    ``files`` (written, sorted), ``notes`` (warnings for the user).
+
+    Nothing here is a flag a pass sets for a later one: what a pass decides from is the options
+    and the representations (e.g. whether the IR checks run beside code generation,
+    :func:`~hccc.compiler.pipeline.compile.checks_beside`)."""
 
     options: CompileOptions = field(default_factory=CompileOptions)
-    algorithm: Any = None
-    ir: Any = None
+    algorithm: "Algorithm | None" = None
+    given: "ProgramIR | None" = None
     cluster: "ClusterSource | None" = None
     cost_model: "CostModel | None" = None
-    xml_limits: Any = None
+    xml_limits: "XmlLimits | None" = None
     outdir: Path | None = None
     inputs: list[Path] = field(default_factory=list)     #: the files read (never replaced or removed)
     times: StageTimes = field(default_factory=StageTimes)
-    dag: Any = None
-    schedule: Any = None
-    verified: bool = False
-    ir_checked: bool = False
-    structure_checked: bool = False
+    dag: "DependencyDAG | None" = None
+    schedule: "Schedule | None" = None
+    lowered: "ProgramIR | None" = None
+    ir: "ProgramIR | None" = None
     exports: dict[str, str] = field(default_factory=dict)
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, JsonValue] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    analyses: dict[str, Any] = field(default_factory=dict)
     output: ExitStack = field(default_factory=ExitStack)   #: the open output directory
     staging: Path | None = None                              #: where the emitters write, until committed
 
@@ -111,13 +125,17 @@ class CompileContext:
         """Where the input's ``.rccl`` header is (None for other inputs)."""
         return self.algorithm.header.location if self.algorithm is not None else None
 
+    @property
+    def nranks(self) -> int:
+        """The input's rank count."""
+        return int(self.algorithm.header.nranks if self.algorithm is not None else self.given.nranks)
+
+    @cached_property
     def platforms(self) -> list[tuple[str, ...]]:
-        """Each rank's platforms (:func:`~hccc.compiler.pipeline.options.platforms_for`)."""
-        key = ("platforms", int(self.ir.nranks))
-        if key not in self.analyses:
-            topo = self.cluster.topology if self.cluster is not None else None
-            self.analyses[key] = platforms_for(self.ir.nranks, self.options.target, topo)
-        return self.analyses[key]
+        """Each rank's platforms (:func:`~hccc.compiler.pipeline.options.platforms_for`), once the
+        input fits the cluster."""
+        topo = self.cluster.topology if self.cluster is not None else None
+        return platforms_for(self.nranks, self.options.target, topo)
 
 
 @dataclass(frozen=True)
@@ -128,7 +146,7 @@ class Pass:
     beside, on a second thread, in a large compile."""
 
     name: str
-    run: Callable[[CompileContext], Any]
+    run: Callable[[CompileContext], "dict[str, float] | None"]
     when: Callable[[CompileContext], bool] = lambda ctx: True
     stage: str | None = None
     beside: str | None = None

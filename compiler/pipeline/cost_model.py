@@ -10,6 +10,7 @@ any object with ``sizes``, ``cluster_name``, ``times(ir)`` and ``times_of(irs)``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Callable
 
 #: Two predicted times within this share of each other are the same time: the simulator's floating
@@ -52,22 +53,23 @@ def faster_allocation(cost: CostModel, state_ir, build_connection: Callable):
     the earlier unit's micro-batches), so when state-based allocation shares anything, both
     allocations are predicted at ``cost.sizes`` and the one with the smaller total time is kept
     (state-based on a tie, :func:`not_slower`: fewer TBs). ``build_connection()`` builds the
-    connection-based program from the same schedule. ``stats["tb_alloc_kept"]``, ``tb_alloc_state_s``,
-    ``tb_alloc_connection_s``, ``tb_alloc_sizes`` and ``tb_alloc_topology`` record the comparison
-    (flat: a ProgramIR's stats hold scalars only); ``stats["tb_alloc"]`` stays the mode asked for
-    ("state") and ``ntbs`` are those of the kept allocation."""
+    connection-based program from the same schedule. ``allocation.tb_alloc_kept`` records the choice
+    and ``stats["tb_alloc_state_s"]``, ``tb_alloc_connection_s``, ``tb_alloc_sizes`` and
+    ``tb_alloc_topology`` the comparison (flat: a ProgramIR's stats hold scalars only);
+    ``allocation.tb_alloc`` stays the mode asked for ("state") and ``ntbs`` are those of the kept
+    allocation."""
     ir = state_ir
-    st = ir.stats
-    if st.get("tbs_state_based") == st.get("tbs_connection_based"):
+    al = ir.allocation
+    if al.tbs_state_based == al.tbs_connection_based:
         return ir                      # nothing shared: the two allocations are the same
     conn = build_connection()
     conn.nchannels = ir.nchannels      # both allocations with the channels the program runs with
     t_state, t_conn = (sum(t) for t in cost.times_of([ir, conn]))
     keep = ir if not_slower(t_state, t_conn) else conn
     if keep is conn:
-        conn.stats["tb_alloc"] = "state"
-        conn.stats["tbs_state_based"] = st.get("tbs_connection_based")
-    keep.stats.update({"tb_alloc_kept": "state" if keep is ir else "connection", "tb_alloc_state_s": t_state,
+        conn.allocation = replace(conn.allocation, tb_alloc="state", tbs_state_based=al.tbs_connection_based)
+    keep.allocation = replace(keep.allocation, tb_alloc_kept="state" if keep is ir else "connection")
+    keep.stats.update({"tb_alloc_state_s": t_state,
                        "tb_alloc_connection_s": t_conn,
                        "tb_alloc_sizes": ",".join(str(int(s)) for s in cost.sizes),
                        "tb_alloc_topology": cost.cluster_name})
@@ -82,7 +84,7 @@ def faster_fusion(cost: CostModel, plain_ir, fused_ir):
     chains; so both are predicted at ``cost.sizes`` and the fused one is kept only when it is at
     least as fast at every size (:func:`not_slower`). ``stats["fusion_kept"]``, ``fusion_plain_s`` and
     ``fusion_fused_s`` (totals over the sizes) record the comparison."""
-    if not fused_ir.stats.get("fused"):
+    if not fused_ir.allocation.fused:
         keep, t_plain, t_fused = plain_ir, None, None
     else:
         t_plain = cost.times(plain_ir)
@@ -109,8 +111,12 @@ def faster_order(cost: CostModel, phased_ir, build_keyed: Callable):
     keyed.nchannels = phased_ir.nchannels
     t_step, t_key = (sum(t) for t in cost.times_of([phased_ir, keyed]))
     keep = phased_ir if not_slower(t_step, t_key) else keyed
-    if keep is keyed:
-        keyed.stats = {**phased_ir.stats, **{k: v for k, v in keyed.stats.items() if k.startswith("tbs")}}
+    if keep is keyed:           # the phased program's record, with the keyed one's thread blocks
+        ka = keyed.allocation
+        keyed.stats = dict(phased_ir.stats)
+        keyed.allocation = replace(phased_ir.allocation, tbs_state_based=ka.tbs_state_based,
+                                   tbs_connection_based=ka.tbs_connection_based,
+                                   tbs_per_rank_max=ka.tbs_per_rank_max)
     keep.stats.update({"phase_order_kept": "step" if keep is phased_ir else "key",
                        "phase_order_step_s": t_step, "phase_order_key_s": t_key})
     return keep

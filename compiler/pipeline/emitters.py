@@ -104,9 +104,11 @@ def run_export(ctx, emitter: Emitter) -> None:
 def _kernels(generate):
     def make(ctx, outdir):
         phases: dict[str, float] = {}
-        files = generate(ctx.ir, outdir, platforms=ctx.platforms(), manifest_extra=ctx.manifest or None,
+        # a program the compile lowered had its structure checked there (or beside, by the
+        # checks pass, before anything is committed); a given one is checked here
+        files = generate(ctx.ir, outdir, platforms=ctx.platforms, manifest_extra=ctx.manifest or None,
                          extra_files=tuple(ctx.exports), timings=phases, direct=ctx.options.direct,
-                         structure_checked=ctx.structure_checked)
+                         structure_checked=ctx.lowered is not None)
         return files, {k.removeprefix("codegen_"): v for k, v in phases.items()}
     return make
 
@@ -144,7 +146,7 @@ def _msccl_xml(ctx) -> dict[str, str]:
     opts = ctx.options
     limits = ctx.xml_limits or XmlLimits()
     instances = xml_instances(opts, ctx.declared_channels if ctx.algorithm is not None
-                              else ctx.analyses["given_channels"])
+                              else ctx.given.nchannels)
     if ctx.algorithm is not None and opts.xml_order == "step":
         from hccc.compiler.interop.msccl_export import export_algorithm
         _, text = export_algorithm(ctx.algorithm, limits, fuse=opts.xml_fuse, instances=instances,

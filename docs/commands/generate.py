@@ -32,8 +32,12 @@ PAGES = {
                 "blocks, then write one CUDA (or HIP) source per rank, the headers, `manifest.json`, the "
                 "ProgramIR as JSON, the MSCCL XML export, a `CMakeLists.txt` and a `Makefile`. The output "
                 "directory is replaced atomically; a failed compile leaves it untouched. `hccc compile ALGO "
-                "-o OUTDIR` is the same.",
-                ["hccc examples/hm_allreduce_2x4.rccl -o OUT/kernels --topology examples/clusters/a100_topo1.topo"]),
+                "-o OUTDIR` is the same. `--dump-after STAGE -o FILE` stops after a stage of the compile "
+                "(algorithm, dag, schedule, lowered, program-ir) and writes what it made instead: the algorithm "
+                "as ResCCLang, the DAG and the schedule as JSON, the programs as ProgramIR JSON (an input "
+                "again).",
+                ["hccc examples/hm_allreduce_2x4.rccl -o OUT/kernels --topology examples/clusters/a100_topo1.topo",
+                 "hccc examples/ring_sendrecv_8.rccl --dump-after algorithm -o -"]),
     "check": ("Prove that an algorithm implements its collective (and, with `--topology`, fits the "
               "cluster); bad programs get `file:line:col: error:` diagnostics.",
               ["hccc check examples/hm_allreduce_4x8.rccl", "hccc check examples/ring_scatter_8.rccl"]),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from hccc.args import add_topology_option, positive_int
@@ -112,16 +113,15 @@ def _prove(path: str, ir) -> None:
             f"{ir.nranks} ranks x {sum(sizes)} chunks each (input {sizes[0]}, output {sizes[1]}, scratch "
             f"{sizes[2]}) = {slots:,} chunk slots, more than the {MAX_PROOF_SLOTS:,} hccc proves a program with",
             Location(src, *key_position(src.text, "buffers")))])
-    algorithm_level = ir.algorithm_level     # an imported MSCCL XML / MSCCL++ plan, as its stats say
+    algorithm_level = ir.algorithm_level     # an imported MSCCL XML / MSCCL++ plan, as its origin says
     inplace = False
     try:
         check_fifo_order(ir)
         if algorithm_level:                   # checked as the import checked it, as `hccc run` runs it
             from hccc.compiler.ir.symbolic import check_deadlock_buffered
             from hccc.compiler.interop.msccl_format import MESSAGES_IN_FLIGHT
-            st = ir.stats
-            check_deadlock_buffered(ir, None if st.get("source") == "mscclpp-plan"
-                                    else MESSAGES_IN_FLIGHT.get(st.get("proto"), 1))
+            check_deadlock_buffered(ir, None if ir.origin.source == "mscclpp-plan"
+                                    else MESSAGES_IN_FLIGHT.get(ir.origin.proto, 1))
         else:
             check_deadlock(ir)
         for inplace in ir.placements:         # both for hccc's own programs; an import's declared ones
@@ -130,7 +130,7 @@ def _prove(path: str, ir) -> None:
         mode = "" if isinstance(exc, IRFormatError) else " (in place)" if inplace else " (out of place)"
         raise CompileError([Diagnostic(f"the program does not implement {ir.collective}{mode}: {exc}",
                                        Location(SourceFile.read(path), 1, 1))]) from None
-    ir.stats["execution"] = "algorithm" if algorithm_level else "task"
+    ir.origin = replace(ir.origin, execution="algorithm" if algorithm_level else "task")
 
 
 def _check_program(args, reader) -> int:
@@ -143,7 +143,7 @@ def _check_program(args, reader) -> int:
         _prove(args.algo, ir)
     summary = {"valid": True, "collective": ir.collective, "nranks": int(ir.nranks),
                "transfers": int(ir.stats.get("transfers", 0)), "format": reader.name,
-               "execution": ir.stats.get("execution"), "tbs_per_rank_max": int(max(ir.ntbs, default=0))}
+               "execution": ir.origin.execution, "tbs_per_rank_max": int(max(ir.ntbs, default=0))}
     if args.topology is not None:
         from hccc.compiler.pipeline import read_cluster
         from hccc.compiler.cluster.topology_check import check_ir_on_topology
@@ -152,8 +152,8 @@ def _check_program(args, reader) -> int:
         summary["topology"] = {"name": cluster.topology.name, "file": cluster.name, "sha256": cluster.sha256}
     if ir.collective == "alltoall":
         summary["alltoallv"] = _alltoallv(ir)
-    if ir.stats.get("note"):                 # where an import's proof stops (message sizes it covers)
-        summary["note"] = str(ir.stats["note"])
+    if ir.origin.note:                       # where an import's proof stops (message sizes it covers)
+        summary["note"] = ir.origin.note
     if args.json:
         print(json.dumps(summary))
     else:

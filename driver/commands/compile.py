@@ -5,6 +5,13 @@ XML export.
 ALGO is a ``.rccl`` program (verified, scheduled with ``--scheduler``, lowered, thread blocks
 allocated with ``--tb-alloc``), an MSCCL ``.xml`` or a ProgramIR ``.json`` (both emitted as given,
 without scheduling). OUTDIR is replaced atomically: a failed compile leaves it untouched.
+
+``--dump-after STAGE`` stops after a stage of the compile (algorithm, dag, schedule, lowered,
+program-ir: :data:`hccc.compiler.pipeline.compile.STAGES`) and writes what it made into the file
+``-o`` names instead (``-``: standard output), as :mod:`hccc.compiler.pipeline.dumps` says: the
+algorithm as ResCCLang, the DAG and the schedule as JSON, the lowered program and the final
+one as ProgramIR JSON, which ``hccc`` compiles to the same kernels (given ``--channels`` at its
+``nchannels``: ``auto`` takes a ProgramIR's own count only above 1).
 """
 from __future__ import annotations
 
@@ -26,7 +33,8 @@ BIG_TRANSFERS = 100_000
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("algo", metavar="ALGO", help="algorithm: .rccl, an MSCCL .xml, or a ProgramIR .json "
                    "(the last two are emitted as given, without scheduling)")
-    p.add_argument("-o", "--output", metavar="OUTDIR", required=True, help="output directory (replaced atomically)")
+    p.add_argument("-o", "--output", metavar="OUTDIR", required=True,
+                   help="output directory (replaced atomically); with --dump-after, the dump's file ('-': standard output)")
     add_topology_option(p, extra="; ranks take their platform from their node's vendor and the manifest "
                                   "records the cluster")
     p.add_argument("--target", choices=("auto", "cuda", "hip", "all"), default="auto",
@@ -46,6 +54,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depfile", metavar="FILE",
                    help="also write a Make-style depfile: OUTDIR/manifest.json depends on ALGO, the "
                         "topology and hccc's own compiler and template files")
+    from hccc.compiler.pipeline.compile import STAGES
+    p.add_argument("--dump-after", metavar="STAGE", choices=tuple(STAGES),
+                   help="stop after STAGE (" + ", ".join(STAGES) + ") and write what it made into the file -o "
+                        "names instead of an OUTDIR: the algorithm as ResCCLang, the DAG and the schedule as JSON, "
+                        "the lowered program and the final ProgramIR as ProgramIR JSON (an input again: with "
+                        "--channels at its nchannels it compiles to the same kernels); a program given as input "
+                        "has the program-ir stage only")
     p.add_argument("--timings", action="store_true",
                    help="print the time spent in each stage and phase, then the wall time from the command's start")
     add_xml_limit_arguments(p)
@@ -69,6 +84,13 @@ def run(args) -> int:
 
     from hccc.compiler.backend.output_dir import check_not_an_input, check_output_dir
     inputs = [args.algo] + ([args.topology] if args.topology else [])
+    if args.dump_after:
+        clash = [o for o, v in (("--list-outputs", args.list_outputs), ("--depfile", args.depfile),
+                                ("--timings", args.timings)) if v]
+        if clash:
+            sys.stderr.write(f"hccc: error: --dump-after writes one stage's file: {', '.join(clash)} does not apply\n")
+            return 1
+        return _dump(args, inputs)
     if not args.list_outputs:         # before any work: never write over, or remove, what is read
         check_output_dir(args.output, inputs)
         if args.depfile:
@@ -100,13 +122,13 @@ def run(args) -> int:
     if args.depfile:
         from hccc.compiler.backend.depfile import write_depfile
         write_depfile(args.depfile, Path(args.output) / "manifest.json", inputs)
-    st = ir.stats
+    st, al = ir.stats, ir.allocation
     subp = st.get("subpipelines")
     print(f"hccc: {ir.name}: {ir.collective} on {plural(ir.nranks, 'rank')}, "
           f"{plural(int(st.get('transfers') or 0), 'transfer')}, "
           f"{plural(subp, 'sub-pipeline') if subp is not None else 'no sub-pipelines'}, "
-          f"TBs per rank <= {st.get('tbs_per_rank_max')} "
-          f"({st.get('tbs_state_based')} state-based vs {st.get('tbs_connection_based')} connection-based "
+          f"TBs per rank <= {al.tbs_per_rank_max} "
+          f"({al.tbs_state_based} state-based vs {al.tbs_connection_based} connection-based "
           f"in total), {plural(int(ir.nchannels), 'channel')} (blocks per TB); "
           f"{plural(len(files), 'file')} in {printable(str(args.output))}")
     if cluster is not None:
@@ -122,6 +144,28 @@ def run(args) -> int:
                 if ph.startswith(k + "/"):
                     print(f"    {ph:30s} {pv:8.3f} s")
         _print_total()
+    return 0
+
+
+def _dump(args, inputs) -> int:
+    """``--dump-after STAGE``: the compile through STAGE, its representation into ``-o``'s file."""
+    from hccc.args import xml_limits_from_args
+    from hccc.compiler.backend.output_dir import check_not_an_input, write_export
+    from hccc.compiler.pipeline.compile import run_until
+    from hccc.compiler.pipeline.dumps import dump
+    from hccc.runtime import compile as hccc_compile
+
+    if args.output != "-":
+        check_not_an_input(args.output, inputs)        # before any work
+    opts = program_options(args, target=args.target, fuse=args.fuse, codegen=args.codegen, direct=args.direct,
+                           xml_order=args.xml_order, xml_fuse=args.xml_fuse, xml_instances=args.instances)
+    cluster = hccc_compile.cluster_of(args.topology) if args.topology is not None else None
+    ctx = hccc_compile.context(args.algo, opts, topology=cluster, xml_limits=xml_limits_from_args(args))
+    text = dump(run_until(ctx, args.dump_after), args.dump_after)
+    from hccc.compiler.passes.build import sanitize_identifier
+    name = sanitize_identifier(ctx.algorithm.header.name) if ctx.algorithm is not None else ctx.given.name
+    suffix = ".rccl" if args.dump_after == "algorithm" else ".json"
+    write_export(args.output, text, args.algo, f"{name}.{args.dump_after}{suffix}")
     return 0
 
 

@@ -69,7 +69,7 @@ def run(args) -> int:
         ir = build_algorithm_level(alg, chunk_bytes=args.chunk_size)
     else:
         ir = load_program(args.algo, program_options(args))
-        gpn = gpn or int((ir.stats or {}).get("gpus_per_node", 0))
+        gpn = gpn or (ir.origin.gpus_per_node or 0)
     with located(args.algo, alg):
         plan = export_plan(ir, nodes=node_map(ir.nranks, gpn), protocol=args.proto, inplace=args.inplace,
                            instances=args.instances, micro_batches=args.micro_batches, min_bytes=args.min_bytes,

@@ -30,7 +30,7 @@ thread-block allocation; fusion only with ``--fuse on``), a ProgramIR ``.json`` 
 the transfers run in step order on connection-based TBs (unless ``--tb-alloc`` says otherwise),
 every micro-batch running the TB's whole primitive list; a given IR keeps its TBs, and by default
 runs the way it was checked for (an MSCCL import that is only deadlock-free under MSCCL's
-algorithm-level execution says so in ``stats["execution"]``).
+algorithm-level execution says so in its ``origin.execution``).
 
 Channels: ``--channels K`` runs every thread block as K blocks (``auto``: as the compiler picks
 for the cluster's GPUs, :mod:`hccc.compiler.passes.channels`); a block moves at most
@@ -170,8 +170,7 @@ def _load(args, algo: str, scheduler: str, cluster, sizes):
         if args.chunk_size:
             ir.chunk_bytes = args.chunk_size
         if execution is None:  # an MSCCL import records whether it only runs algorithm-level
-            ex = ir.stats.get("execution")
-            execution = ex if ex in ("task", "algorithm") else "task"
+            execution = ir.origin.execution or "task"
         if ir.nranks != cluster.topology.nranks:      # said as every command says it
             from hccc.compiler.cluster.topology_check import check_ir_on_topology
             check_ir_on_topology(ir, cluster.topology, cluster.name, path)
@@ -429,7 +428,7 @@ def _report(args, topo, algo, scheduler, ir, prog, execution, slice_mode, result
     return {
         "algorithm": ir.name, "collective": ir.collective, "nranks": int(ir.nranks),
         "topology": topo.name, "execution": execution, "scheduler": st.get("scheduler") or scheduler,
-        "tb_alloc": st.get("tb_alloc") or args.tb_alloc, "chunk_bytes": int(ir.chunk_bytes),
+        "tb_alloc": ir.allocation.tb_alloc or args.tb_alloc, "chunk_bytes": int(ir.chunk_bytes),
         "slice": "fixed" if slice_mode is None else "auto", "dtype": args.dtype,
         "channels": int(ir.nchannels), "block_gbps": args.block_bw or None,
         "redop": redop_column(ir.collective, args.op), "root": root_column(ir.collective, ir.root),
@@ -437,7 +436,7 @@ def _report(args, topo, algo, scheduler, ir, prog, execution, slice_mode, result
         "results": [dict(r.summary(), cut_bound_us=None if getattr(r, "cut_bound_s", None) is None
                          else r.cut_bound_s * 1e6) for r in results],
         "tbs_per_rank_max": big.tbs_per_rank_max, "tbs_total": big.ntbs,
-        "tbs_state_based": st.get("tbs_state_based"), "tbs_connection_based": st.get("tbs_connection_based"),
+        "tbs_state_based": ir.allocation.tbs_state_based, "tbs_connection_based": ir.allocation.tbs_connection_based,
         "tb_idle_avg": big.tb_idle_avg, "tb_idle_max": big.tb_idle_max, "comm_time": big.comm_time,
         "plot": args.plot,
         **({"counts": args.counts} if getattr(args, "counts", None) else {}),
@@ -450,7 +449,7 @@ def _print_table(args, topo, sweep, algo, scheduler, ir, prog, execution, slice_
     esize = DTYPE_BYTES[args.dtype]
     print(f"# hccc sim: {ir.name} ({ir.collective}, {plural(int(ir.nranks), 'rank')}) on {topo.name}: "
           f"{execution}-level execution, scheduler {st.get('scheduler') or scheduler}, "
-          f"{st.get('tb_alloc') or args.tb_alloc}-based TBs "
+          f"{ir.allocation.tb_alloc or args.tb_alloc}-based TBs "
           f"({big.ntbs} in total, at most {big.tbs_per_rank_max} per rank), "
           f"{plural(int(ir.nchannels), 'channel')}"
           + (f" of <= {args.block_bw:g} GB/s per block, " if args.block_bw else " (no per-block limit), ")
