@@ -18,6 +18,9 @@ its per-unit path but the once-per-primitive ``hccc_sprim_load``, the once-per-b
 - The hop (SASS): between the data warps' own barrier after a unit (DATA) and the unit's first
   posted flag, at most HOP_MAX instructions, none a global or generic load, a call, an L1
   invalidation or another barrier; no local memory (LDL / STL) in any function of the kernels.
+  The dependent global round trips from a unit's input becoming visible (the poll that sees its
+  tail) to its post becoming visible, counted on every path of the machine code's control flow:
+  at most ROUND_TRIPS (3: the poll, the data's loads, the post; no region header read between).
 - Sync: the data threads and the sync lane meet at named barriers (``bar.sync`` / ``bar.arrive``),
   never at a block-wide barrier inside a loop; no sequentially consistent fence; on sm_90 the
   acquire and release fences are ``fence.acquire`` / ``fence.release`` (no full ``fence.acq_rel``),
@@ -25,9 +28,12 @@ its per-unit path but the once-per-primitive ``hccc_sprim_load``, the once-per-b
   the abort flag and the error record, which the host reads, stay at system scope); the flags are
   relaxed stores after a release fence (no release store); the spin loops poll without fences; no
   fence or atomic in a copy loop; an LL line is one 16-byte volatile access.
-- AMD: the release of a unit is the L2 writeback only across GPUs (none in single-GPU builds), the
-  spin loops sleep; gfx1030 (RDNA, wave32) builds with the compiler's wavefront size (32) and waits
-  for its stores (``s_waitcnt_vscnt``) before every barrier.
+- AMD: the release of a unit is the L2 writeback only across GPUs (none in single-GPU builds), its
+  acquire invalidates without a writeback (gfx90a), the spin loops sleep; gfx1030 (RDNA, wave32) builds with the compiler's wavefront size (32) and waits
+  for its stores (``s_waitcnt_vscnt``) before every barrier. On gfx90a and gfx1030 the engine calls
+  (``s_swappc_b64``) only the functions the CUDA engine calls, and touches scratch memory only to
+  save at its entry and restore at its return the register the calls clobber (no spill, no stack
+  array on any loop).
 - Timeouts read the global timers (``%globaltimer``, ``s_memrealtime``), never per-SM clocks.
 
 The loop structure is recovered from the assembly (labels and backward branches), independently
@@ -42,6 +48,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 from hccc.compiler.backend.codegen import generate
@@ -439,6 +446,72 @@ def sass_functions(text: str) -> dict[str, list[str]]:
     return out
 
 
+def sass_cfg(text: str, part: str) -> tuple[list[str], dict[str, int]]:
+    """nvdisasm output -> the instructions of the first function whose name holds ``part`` (their
+    text, predicate included) and where each of its labels (``.L_x_N``) points."""
+    ins: list[str] = []
+    labels: dict[str, int] = {}
+    take = False
+    for line in text.splitlines():
+        m = re.match(r"^\s*(?:\.text\.)?(\$?[\w$]+):\s*$", line)
+        if m and not m.group(1).startswith(".L"):
+            if ins:
+                break
+            take = part in m.group(1)
+            continue
+        if not take:
+            continue
+        m = re.match(r"^\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(ins)
+        elif re.search(r"/\*[0-9a-f]{4,}\*/", line):
+            ins.append(line.split("*/", 1)[1].split(";")[0].strip())
+    return ins, labels
+
+
+def sass_successors(ins: list[str], labels: dict[str, int], i: int) -> list[int]:
+    """Where control goes after instruction i: a branch's target (and the next instruction where
+    it is predicated, or a divergence test), nowhere after an unpredicated EXIT / RET."""
+    x = ins[i]
+    if re.search(r"\b(?:EXIT|RET)\b", x) and not x.startswith("@"):
+        return []
+    m = re.search(r"\bBRA(?:\.\w+)*\s+(?:\w+,\s*)?`\((\.L_x_\d+)\)", x)
+    if m:
+        t = labels[m.group(1)]
+        return [t, i + 1] if x.startswith("@") or ".DIV" in x else [t]
+    return [i + 1] if i + 1 < len(ins) else []
+
+
+def most_on_a_path(ins: list[str], labels: dict[str, int], start: int, stop, count, dead=lambda x: False):
+    """The most instructions ``count`` matches on a path of the control flow from ``start``
+    (exclusive) to an instruction ``stop`` matches, through none ``dead`` matches: inf where a
+    loop on such a path holds one, None where no path gets there."""
+    g = nx.DiGraph()
+    todo, seen = [start], {start}
+    while todo:
+        i = todo.pop()
+        for j in sass_successors(ins, labels, i):
+            if stop(ins[j]):
+                g.add_edge(i, "end")
+            elif not dead(ins[j]):
+                g.add_edge(i, j)
+                if j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+    if "end" not in g:
+        return None
+    g = g.subgraph(nx.ancestors(g, "end") | {"end"})
+    dag = nx.condensation(g)
+    most: dict[int, float] = {}
+    for k in reversed(list(nx.topological_sort(dag))):
+        members = dag.nodes[k]["members"]
+        n = sum(1 for v in members if v not in ("end", start) and count(ins[v]))
+        looped = len(members) > 1 or any(g.has_edge(v, v) for v in members)
+        here = float("inf") if looped and n else n
+        most[k] = here + max((most[s] for s in dag.successors(k)), default=0)
+    return most[dag.graph["mapping"][start]]
+
+
 def test_the_per_unit_path_calls_nothing_and_divides_nothing_in_sass(sources, tmp_path):
     """The machine code of the engine (nvdisasm, sm_90): its CALLs go to the three functions
     above only, and none to the 64-bit division routines (``__cuda_sm20_div_u64`` and kin)."""
@@ -495,7 +568,7 @@ def sass(sources):
     assert dis.returncode == 0, dis.stderr[-2000:]
     bar = re.search(r"#define HCCC_BAR_DATA (\d+)", (d / "hccc_prims.h").read_text())
     assert bar, "no DATA barrier in the engine"
-    return sass_functions(dis.stdout), int(bar.group(1))
+    return sass_functions(dis.stdout), int(bar.group(1)), dis.stdout
 
 
 def test_the_hop_posts_after_the_data_barrier_without_a_global_load_or_a_call_in_sass(sass):
@@ -504,7 +577,7 @@ def test_the_hop_posts_after_the_data_barrier_without_a_global_load_or_a_call_in
     within a few dozen instructions that load only shared memory: no global or generic load (no
     counter, program row or region header read), no call, no L1 invalidation, no other barrier;
     and the engine touches no local memory (no spill, no stack) anywhere."""
-    funcs, bar = sass
+    funcs, bar, _ = sass
     engines = {n: b for n, b in funcs.items() if "hccc_runI" in n}
     assert engines, sorted(funcs)[:20]
     for name, body in funcs.items():
@@ -527,13 +600,46 @@ def test_the_hop_posts_after_the_data_barrier_without_a_global_load_or_a_call_in
 #: loads of the descriptor's posts and the abort word, the null tests, the release fence)
 HOP_MAX = 40
 
+#: dependent global round trips from a unit's input becoming visible to its post becoming visible
+#: (Simple protocol): the poll that sees the tail, the data's loads, the post
+ROUND_TRIPS = 3
+#: where the sync lane hands a unit to the data warps, or a one-warp block meets: a named barrier,
+#: the warp barrier (WARPSYNC, or its divergence test where a converged warp needs no instruction)
+SASS_MEETING = re.compile(r"\b(?:BAR\.|WARPSYNC|BRA\.DIV)")
+
+
+def test_the_receive_to_post_path_has_at_most_three_dependent_round_trips_in_sass(sass):
+    """The round trips of a hop, counted on the control flow of the engine's machine code (sm_90,
+    ring AllReduce 8, rank 0): the poll that sees a unit's counters met (1), then, on every path
+    from its acquire (the L1 invalidation, CCTL.IVALL) to the barrier that hands the unit to the
+    data warps, no global or generic load: where the data of a received region starts comes from
+    what both ends compute (hccc_region_offset), not from a header read after the poll; the
+    data's loads (2); on every path from the data warps' own barrier (DATA) to the first posted
+    flag, no global load; the post (3). A header load put back makes it 4 (or a loop of loads)."""
+    _, bar, text = sass
+    ins, labels = sass_cfg(text, "hccc_runI")
+    assert ins, "no engine"
+    load = lambda x: bool(SASS_GLOBAL_LOAD.search(x))
+    acquires = [i for i, x in enumerate(ins) if re.search(r"\bCCTL\.IVALL\b", x)]
+    assert acquires, "no acquire after the polls"
+    after_poll = [most_on_a_path(ins, labels, i, SASS_MEETING.search, load, dead=lambda x: "CALL" in x)
+                  for i in acquires]
+    assert all(n is not None for n in after_poll), after_poll
+    data_bar = re.compile(rf"\bBAR\.SYNC(?:\.DEFER_BLOCKING)?\s+{bar:#x}\b")
+    hops = [most_on_a_path(ins, labels, i, SASS_FLAG_STORE.search, load,
+                           dead=lambda x: bool(re.search(r"\b(?:BAR|WARPSYNC|CALL)\b", x)))
+            for i, x in enumerate(ins) if data_bar.search(x)]
+    assert hops and all(n is not None for n in hops), hops
+    trips = 1 + max(after_poll) + 1 + max(hops) + 1
+    assert trips <= ROUND_TRIPS, (trips, after_poll, hops)
+
 
 @pytest.mark.parametrize("single", [False, True])
 def test_gfx90a_release_writes_back_l2_only_across_gpus_and_spin_loops_sleep(sources, single):
-    """gfx90a: a unit's release writes the L2 back (buffer_wbl2) only across GPUs; in a
-    single-GPU build only the abort flag, a 32-bit store the host reads, is released at system
-    scope; the spin loops sleep and do no cache maintenance; the copy loops neither, nor meet at
-    a barrier."""
+    """gfx90a: a unit's release writes the L2 back (buffer_wbl2) only across GPUs, and its acquire
+    never does (an invalidation alone); in a single-GPU build only the abort flag, a 32-bit store
+    the host reads, is released at system scope; the spin loops sleep and do no cache
+    maintenance; the copy loops neither, nor meet at a barrier."""
     body = _engine(sources, "hip", single)
     wbl2 = [i for i, x in enumerate(body) if re.search(r"\bbuffer_wbl2\b", x)]
     flag_store = re.compile(r"\b(?:flat|global)_store_dword\b(?!x)")
@@ -544,6 +650,12 @@ def test_gfx90a_release_writes_back_l2_only_across_gpus_and_spin_loops_sleep(sou
     else:
         assert any(not any(flag_store.search(x) for x in body[i + 1:i + 4]) for i in wbl2), \
             "no system-scope release of a unit"
+        # the acquire after fresh polls invalidates (buffer_invl2, buffer_wbinvl1_vol) without
+        # writing the L2 back first, as the compiler's system-scope acquire fence would
+        invl2 = [i for i, x in enumerate(body) if re.search(r"\bbuffer_invl2\b", x)]
+        assert invl2, "no system-scope acquire"
+        for i in invl2:
+            assert not any(re.search(r"\bbuffer_wbl2\b", x) for x in body[max(0, i - 4):i]), body[i - 4:i + 1]
     # the innermost loops that sleep (a spin loop may hold the dependencies' poll loop)
     spins = loops(body, innermost=True, holding=r"\bs_sleep\b")
     assert spins, "the spin loop does not sleep"
@@ -582,6 +694,50 @@ def test_gfx1030_builds_wave32_and_waits_for_its_stores_before_each_barrier(rdna
     for i in at:
         before = body[max(0, i - 8):i]
         assert any(re.search(r"\bs_waitcnt_vscnt\b", x) for x in before), body[max(0, i - 8):i + 1]
+
+
+#: AMDGPU: an access to scratch (the private segment: spills, stack arrays)
+AMD_SCRATCH = re.compile(r"\bscratch_(?:load|store)|\bbuffer_(?:load|store)_\w+\b[^;]*\bs\[0:3\]")
+
+
+def amd_calls_and_scratch(body: list[str]) -> tuple[list[str], list[int]]:
+    """The functions an AMDGPU function calls (each ``s_swappc_b64``'s target: the symbol the
+    register pair it jumps through was last set to, ``sym@rel32@lo``, earlier in the function) and
+    the lines of its scratch accesses that are not the save of a register at the entry (before the
+    first branch target) or its restore just before a return (``s_setpc_b64``)."""
+    targets = []
+    for i, x in enumerate(body):
+        m = re.search(r"\bs_swappc_b64\s+s\[\d+:\d+\],\s*s\[(\d+):\d+\]", x)
+        if not m:
+            continue
+        reg = m.group(1)
+        sym = next((mm.group(1) for y in reversed(body[:i])
+                    if (mm := re.search(rf"\bs_add_u32\s+s{reg},\s*s{reg},\s*(\w+)@rel32@lo", y))), None)
+        targets.append(sym or "?")
+    first_label = next((i for i, x in enumerate(body) if re.match(r"^\.LBB\w+:", x)), len(body))
+    bad = []
+    for i, x in enumerate(body):
+        if not AMD_SCRATCH.search(x):
+            continue
+        saved = i < first_label and re.search(r"\bbuffer_store_dword\b", x)
+        restored = re.search(r"\bbuffer_load_dword\b", x) and any(
+            re.search(r"\bs_setpc_b64\b", y) for y in body[i + 1:i + 12])
+        if not (saved or restored):
+            bad.append(i)
+    return targets, bad
+
+
+def test_gfx90a_and_gfx1030_engines_call_only_the_per_primitive_block_and_timeout_functions_and_do_not_spill(
+        sources, rdna):
+    """AMD assembly (float32 sum): the engine's calls go to the launch set-up, the per-primitive
+    load and the timeout report only (no call on the per-unit path, as in the CUDA engine), and its
+    only scratch accesses are the entry's save and the return's restore of the one register those
+    calls clobber: no spill and no stack array on any loop of the per-unit path."""
+    for arch, text in (("gfx90a", compiled(sources, "hip", True)), ("gfx1030", rdna)):
+        body = function(functions(text, "amd"), "hccc_runIfLi0E12hccc_program")
+        targets, bad = amd_calls_and_scratch(body)
+        assert targets and all(any(c in t for c in CALLEES) for t in targets), (arch, targets)
+        assert not bad, (arch, [body[i] for i in bad][:4])
 
 
 # ---------------------------------------------------------------------------------- timers

@@ -18,7 +18,7 @@ What lives where (memory a rank owns, kernel protocol v3):
   connection nobody sends on, then the progress counters (at least one word);
 * **slot block**: receive connection ``j``'s FIFO (``NSLOTS`` slots of ``slot_bytes``) at ``j *
   NSLOTS * slot_bytes``; a slot holds one message: ``max_cnt`` regions, each a
-  :data:`REGION_HEADER` -byte header (the data's offset 0..15 in its first word) and its share of
+  :data:`REGION_HEADER` -byte header (reserved) and its share of
   the chunk plus alignment room (:data:`SLOT_OVERHEAD` bytes per region in all);
 * **orphan FIFO** (sends nobody receives, in the sender's own memory): an :data:`ORPHAN_HEADER`
   -byte header holding its ``tail`` in the first word, then the slots.
@@ -38,7 +38,8 @@ VERSION = 9
 
 #: FIFO slots per connection (``HCCC_NSLOTS``)
 NSLOTS = 8
-#: bytes of a slot region's header (the data's 0..15 byte offset in its first 32-bit word)
+#: bytes of a slot region's header (reserved: the data's 0..15 byte offset is computed by both ends of a
+#: message from its anchor chunk, ``hccc_region_offset``, so nothing reads or writes it)
 REGION_HEADER = 16
 #: bytes each region of a slot adds to its share: the header and 16 bytes of alignment room
 SLOT_OVERHEAD = REGION_HEADER + 16

@@ -27,6 +27,7 @@ from hccc.compiler.backend.output_dir import MANIFEST_SCHEMA
 from hccc.compiler.backend import abi
 from hccc.compiler.backend.prim_fields import pd_columns
 from hccc.compiler.ir.check import check_fifo_order, check_structure
+from hccc.compiler.ir.connections import match_connections
 from hccc.compiler.ir.extents import buffer_bases, chunk_anchors
 from hccc.compiler.ir.int_text import RowText
 from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
@@ -161,6 +162,26 @@ def _conn_index(rank, peer, channel, mask, count, nranks):
     return conn, pos, tables
 
 
+def message_anchors(ir: ProgramIR, anchor: np.ndarray) -> np.ndarray:
+    """Every primitive of a send/receive chain gets the anchor of the chain's first sender, so
+    that both ends of every message name one anchor: the kernels place a FIFO region's data at
+    an offset both ends compute from it (``hccc_region_offset``, hccc_prims.h), with no header
+    sent. The anchor's role is the size of the chunks a primitive moves, and every chunk of a
+    chain has its anchor's size (:func:`~hccc.compiler.ir.extents.chunk_anchors` proved it), so
+    the chain's first anchor serves every primitive of it."""
+    n = len(anchor)
+    s, r = match_connections(ir)
+    if n == 0 or len(r) == 0:
+        return anchor
+    head = np.arange(n, dtype=np.int64)
+    head[r] = s
+    while True:                          # pointer jumping: each primitive's chain head
+        nxt = head[head]
+        if np.array_equal(nxt, head):
+            return anchor[head]
+        head = nxt
+
+
 def analyse(ir: ProgramIR) -> Columns:
     p = ir.prims
     n = ir.nprims
@@ -175,8 +196,8 @@ def analyse(ir: ProgramIR) -> Columns:
     rconn, rpos, rtab = _conn_index(rank, p["recv_peer"], p["channel"], recvs, ones, ir.nranks)
 
     # Anchor chunk: the chunk of the full buffer whose size every chunk the primitive names has
-    # (proven for every element count, or ExtentError)
-    chunk = chunk_anchors(ir)
+    # (proven for every element count, or ExtentError), one per send/receive chain
+    chunk = message_anchors(ir, chunk_anchors(ir))
 
     # Progress slots: one per primitive some other primitive waits for, numbered per rank.
     post = np.full(n, -1, np.int64)
