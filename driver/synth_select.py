@@ -38,6 +38,17 @@ TREES_MIN_PER_RANK = 256 << 10
 #: least this many seconds): on large clusters it rarely comes near the trees, and it must not
 #: multiply the command's time for that
 AUTO_SEARCH_LEAST_S = 2.0
+#: where ``auto`` picks the step search (the latency regime) and the tree packing builds the
+#: collective, the trees' program is made first within this share of the time left: on four
+#: 8-GPU A100 nodes at 64 KiB (AllReduce) it is made in 1.6 s and runs at 12.7 us, where the
+#: search, given the whole limit, ran into it and wrote a program of 32.2 us
+TREES_BESIDE_SHARE = 0.5
+#: the step search beside programs already in hand gets at least this many seconds (work clock),
+#: or as long again as they took to make and score, and no more
+SEARCH_BESIDE_LEAST_S = 5.0
+#: how candidates are compared: the simulated time at the size asked (``--size``, else
+#: ``--select-size``) alone, the fastest kept; the report gives every other's ratio to it
+SCORE_RULE = "the simulated time at the size asked"
 #: the share of the time left that an AllReduce's report gives the packing LP of each half's bound
 #: where no tree packing computed it (:meth:`Simulations.optimum_seconds`)
 OPTIMUM_SHARE = 0.125
@@ -425,15 +436,72 @@ class _QuietPhase:
         pass
 
 
-def _select(opts, topo, size: int, deadline: float, phase, method: str | None = None, make_eval=None):
-    """The program for ``size`` (``method``: the one :func:`choose_method` picks unless given),
-    chosen by the simulator: ``(result, fraction, bound, tried, sims, simulated)``."""
-    from hccc.compiler.synth import synthesize
+@dataclass
+class Choice:
+    """One candidate of a size's selection (:func:`_select`): its name (``trees``, ``search``, a
+    classic generator of :mod:`hccc.compiler.synth.classic`, ``default``), the program, its
+    simulated fraction of the bound at the size (None: not scored), the work-clock seconds it took
+    to make and score, and why it was dropped (None: it was scored)."""
 
+    name: str
+    result: object
+    fraction: float | None
+    seconds: float = 0.0
+    dropped: str | None = None
+
+    def as_dict(self, best: float | None) -> dict:
+        """The report's row: ``ratio`` is this candidate's simulated time over the best one's."""
+        return {"candidate": self.name, "fraction_of_bound": self.fraction, "seconds": round(self.seconds, 3),
+                "ratio": (best / self.fraction) if best and self.fraction else None, "dropped": self.dropped}
+
+
+def ranked(choices: list) -> list:
+    """The scored choices, fastest first (ties: the one made first): the selection's one rule,
+    the asked size's simulated time alone (:data:`SCORE_RULE`)."""
+    scored = [(i, c) for i, c in enumerate(choices) if c.fraction is not None]
+    return [c for _, c in sorted(scored, key=lambda ic: (-ic[1].fraction, ic[0]))]
+
+
+def _compare_all(opts, method: str, forced: bool, simulated: bool, sims) -> bool:
+    """Whether the selection compares every candidate (``--method auto``, the simulator there to
+    time them) or keeps the method's program."""
+    return opts.method == "auto" and not forced and simulated and opts.sim_select and sims.available
+
+
+def _trees_fit(collective: str, nranks: int) -> bool:
+    from hccc.compiler.synth.broadcast_trees import MAX_RANKS as BROADCAST_TREE_RANKS
+    from hccc.compiler.synth.trees import TREE_COLLECTIVES
+    return collective in TREE_COLLECTIVES and nranks > 1 and not (collective == "broadcast"
+                                                                 and nranks > BROADCAST_TREE_RANKS)
+
+
+def _select(opts, topo, size: int, deadline: float, phase, method: str | None = None, make_eval=None):
+    """The program for ``size`` chosen by the simulator: ``(result, fraction, bound, tried, sims,
+    simulated, choices)``. ``method`` given: that method's program alone; else, under ``--method
+    auto``, every candidate (:func:`_candidates`) is made, scored at ``size`` and the fastest kept."""
     make_eval = make_eval or Simulations
+    forced = method is not None
     method = method or choose_method(opts.method, opts.collective, topo.nranks, size)
     simulated = topo.nranks <= SIMULATE_MAX_RANKS
     sims = make_eval(topo, size, deadline)
+    compare = _compare_all(opts, method, forced, simulated, sims)
+    choices: list[Choice] = []
+    return _candidates(opts, topo, size, deadline, phase, method, sims, simulated, compare, choices)
+
+
+def _candidates(opts, topo, size: int, deadline: float, phase, method: str, sims, simulated: bool, compare: bool,
+                choices: list):
+    """The selection loop of one size: the candidates made in turn, each scored by ``sims`` at
+    ``size`` (channels fitted, smaller slices where they gain), the fastest kept.
+
+    Order, each while the deadline leaves time: the tree packing where it builds the collective
+    (first even where ``auto`` picks the search: its program is the one to beat, made in seconds),
+    the method's program, the classic generators that fit the cluster, and the step search, which
+    beside a program in hand gets :data:`SEARCH_BESIDE_LEAST_S`, or as long again as the programs
+    in hand took, and no more (it must not take the whole limit from programs already made)."""
+    from hccc.compiler.synth import synthesize
+    from hccc.compiler.synth.classic import classic_candidates
+
     def progress(event: str, info: dict) -> None:
         phase.update(describe_event(event, info))
 
@@ -456,50 +524,109 @@ def _select(opts, topo, size: int, deadline: float, phase, method: str | None = 
             getattr(sims, "drop_ahead", lambda: None)()
             getattr(sims, "drop_guesses", lambda: None)()
 
-    made_at = clock.now()
-    result = make(method)
-    made_s = clock.now() - made_at
-    bound = _bandwidth_bound(result, size)
-    if opts.collective == "allreduce":
-        bound.update(_allreduce_bounds(sims, result))
-    if simulated:
-        phase.update("fitting channels and simulating the program")
-        _fit_channels(result, topo, size, sims)
-    else:
-        _cap_channels(result, topo)
-    fraction = _simulated_fraction(result, sims, bound["seconds"]) if simulated else None
-    fraction = _thin_slices(result, sims, bound, fraction, phase)
-    tried = {method: fraction}
-    # the fraction of the least time any program needs (AllReduce: of the larger of its bound
-    # for any schedule and RS + AG's optimum): below it, the search may gain
-    reach = None if fraction is None else _reach(bound, fraction)
-    if opts.method == "auto" and method == "trees" and reach is not None and reach < opts.auto_search_below \
-            and sims.time_left > 0:
-        # the packing's program falls short in the simulator: the search too, the faster kept,
-        # leaving time to simulate the search's program as long as the tree program took, and
-        # searching half as long as the trees took to make; greedy only (its variants rated by
-        # the simulator): z3 shortens the schedule by steps, which at this size is not its time.
-        # A search program whose bytes over the capacities alone take the tree program's time
-        # cannot win: it is not simulated (nor are such variants)
-        phase.update("tree program below the bound in the simulator: trying the step search")
-        until = min(deadline - min(sims.time_left / 2, 3 * sims.longest_s),
-                    clock.now() + max(AUTO_SEARCH_LEAST_S, made_s / 2))
-        tree_s = bound["seconds"] / fraction
+    state: dict = {}
+
+    def score(choice: Choice, thin: bool) -> None:
+        """``choice``'s program timed at ``size``: channels fitted, its fraction of the bound."""
+        res, bound = choice.result, state["bound"]
+        res.detail.setdefault("cut_bound_seconds", bound["seconds"])
+        if simulated:
+            phase.update(f"fitting channels and simulating the {choice.name} program")
+            _fit_channels(res, topo, size, sims)
+        else:
+            _cap_channels(res, topo)
+        f = _simulated_fraction(res, sims, bound["seconds"]) if simulated else None
+        choice.fraction = _thin_slices(res, sims, bound, f, phase) if thin else f
+        if choice.fraction is None and compare and choices:
+            choice.dropped = "not simulated: " + ("time limit" if sims.stopped else sims.failed or "no time")
+
+    def first(how: str, until: float) -> Choice:
+        t0 = clock.now()
+        res = make(how, until)
+        state["bound"] = bound = _bandwidth_bound(res, size)
+        if opts.collective == "allreduce":
+            bound.update(_allreduce_bounds(sims, res))
+        choice = Choice(how, res, None)
+        score(choice, thin=True)
+        choice.seconds = clock.now() - t0
+        choices.append(choice)
+        return choice
+
+    trees_first = compare and method == "search" and _trees_fit(opts.collective, topo.nranks)
+    if trees_first:
+        # the latency regime: the trees' program first, in a share of the time (it is made in
+        # seconds and is the one the search must beat)
+        phase.update("packing trees first: the program the step search must beat")
         try:
-            # the bound is the trees' (the fractions compare with it): not computed again
-            other = make("search", until, smt=False, ceiling=tree_s, known_bound=bound["seconds"])
-        except CompileError:      # no search schedule within the limits: the trees stand
-            other = None
-        tried["search"] = None
-        if other is not None and sims.least_seconds(other) >= tree_s:
-            other = None
-        if other is not None:
-            _fit_channels(other, topo, size, sims)
-            f2 = tried["search"] = _simulated_fraction(other, sims, bound["seconds"])
-            f2 = tried["search"] = _thin_slices(other, sims, bound, f2, phase)
-            if f2 is not None and f2 > fraction:
-                result, fraction = other, f2
-    return result, fraction, bound, tried, sims, simulated
+            first("trees", clock.now() + max(0.0, deadline - clock.now()) * TREES_BESIDE_SHARE)
+        except CompileError:
+            trees_first = False
+    if not choices:
+        main = first(method, deadline)
+    else:
+        main = None
+    if compare:
+        bound = state["bound"]
+        lb = next((c.result.lower_bound_steps for c in choices if c.result.detail.get("method") == "search"), 0)
+        classics = classic_candidates(topo, opts.collective, opts.root, lb)
+        for name, why in classics.dropped:
+            choices.append(Choice(name, None, None, 0.0, why))
+        for name, res in classics.made:
+            if sims.time_left <= 0:
+                choices.append(Choice(name, res, None, 0.0, "not simulated: time limit"))
+                continue
+            t0 = clock.now()
+            choice = Choice(name, res, None)
+            score(choice, thin=False)
+            choice.seconds = clock.now() - t0
+            choices.append(choice)
+        best = ranked(choices)
+        made_s = sum(c.seconds for c in choices)
+        if method == "search" and main is None:
+            # the search beside the programs in hand: bounded, so that it cannot take the whole
+            # limit from them; the proof and the text keep their reserve (the caller's deadline)
+            phase.update("the step search beside the programs in hand")
+            until = min(deadline, clock.now() + max(SEARCH_BESIDE_LEAST_S, made_s))
+            t0 = clock.now()
+            try:
+                other = make("search", until, known_bound=bound["seconds"])
+            except CompileError as exc:
+                choices.append(Choice("search", None, None, clock.now() - t0, str(exc).splitlines()[0]))
+            else:
+                choice = Choice("search", other, None)
+                score(choice, thin=True)
+                choice.seconds = clock.now() - t0
+                choices.append(choice)
+        elif method == "trees" and best:
+            reach = _reach(bound, best[0].fraction)
+            if reach < opts.auto_search_below and sims.time_left > 0:
+                # the best program falls short in the simulator: the search too, leaving time to
+                # simulate its program as long as the longest simulation took, and searching half
+                # as long as the trees took to make; greedy only (its variants rated by the
+                # simulator): z3 shortens the schedule by steps, which at this size is not its
+                # time. A search program whose bytes over the capacities alone take the best
+                # program's time cannot win: it is not simulated (nor are such variants)
+                phase.update("best program below the bound in the simulator: trying the step search")
+                until = min(deadline - min(sims.time_left / 2, 3 * sims.longest_s),
+                            clock.now() + max(AUTO_SEARCH_LEAST_S, choices[0].seconds / 2))
+                best_s = bound["seconds"] / best[0].fraction
+                t0 = clock.now()
+                try:
+                    other = make("search", until, smt=False, ceiling=best_s, known_bound=bound["seconds"])
+                except CompileError as exc:      # no search schedule within the limits: the others stand
+                    choices.append(Choice("search", None, None, clock.now() - t0, str(exc).splitlines()[0]))
+                else:
+                    choice = Choice("search", other, None)
+                    if sims.least_seconds(other) >= best_s:
+                        choice.dropped = "its bytes over the link capacities alone take the best program's time"
+                    else:
+                        score(choice, thin=True)
+                    choice.seconds = clock.now() - t0
+                    choices.append(choice)
+    best = ranked(choices)
+    kept = best[0] if best else next(c for c in choices if c.result is not None)
+    tried = {c.name: c.fraction for c in choices if c.name in ("trees", "search")}
+    return kept.result, kept.fraction, state["bound"], tried, sims, simulated, choices
 
 
 def _fit_engine(opts, topo, size: int, deadline: float, phase, result, sims, bound: dict, simulated: bool,
@@ -554,7 +681,6 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
 
     from hccc.compiler.synth.budget import closing_seconds, least_transfers
 
-    method = choose_method(opts.method, opts.collective, topo.nranks, size)
     title = f"{opts.collective} on {printable(str(opts.cluster_name))} ({plural(topo.nranks, 'GPU')})"
     if len(opts.sizes) > 1:
         title += f" for {format_size(size)}"
@@ -565,14 +691,17 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     started = clock.now()
     with phases(title, opts.time_limit if len(opts.sizes) <= 1 else round(max(0.0, deadline - clock.now()), 1)) \
             as phase:
-        result, fraction, bound, tried, sims, simulated = _select(opts, topo, size, deadline - closing, phase, method,
-                                                                  make_eval)
+        result, fraction, bound, tried, sims, simulated, choices = _select(opts, topo, size, deadline - closing,
+                                                                           phase, None, make_eval)
         if default is not None and opts.method == "auto" and size != opts.select_size and simulated:
             # the choice by size is never worse than the default program: it is a candidate,
             # compared in the same simulator at this size
             phase.update("simulating the default program at this size")
+            t0 = clock.now()
             fd, d = _default_fraction(opts, topo, size, sims, bound, default())
             tried["default"] = fd
+            choices.append(Choice("default", d, fd, clock.now() - t0,
+                                  None if fd is not None else "not simulated: time limit"))
             if fd is not None and (fraction is None or fd > fraction):
                 result, fraction = d, fd
         if opts.engine:
@@ -586,6 +715,11 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     check_on_topology(alg, topo)
     proven = clock.now()
     why, not_simulated, fitted, limit_cut, extra = _report(result, bound, fraction, sims, simulated)
+    selection = _selection_report(choices, result, fraction)
+    if selection["runner_up"] is not None and selection["kept"] is not None:
+        run = selection["runner_up"]
+        extra.append(f"kept the {selection['kept']} program, the fastest of {len(choices)} candidates in the "
+                     f"simulator at {size} bytes; runner-up: {run['candidate']}, {run['ratio']:.3f}x its time")
     text = to_rccl(result, topo, plan, cluster=opts.cluster_name, extra_comments=extra)
     # what each phase took (work clock), with the search's own phases where it reports them
     took = {"search": round(searched - started, 3), **(result.detail.get("phase_seconds") or {}),
@@ -593,7 +727,21 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
             "closing_predicted": round(closing, 3)}
     summary = _summary(result, size, bound, fraction, sims, simulated, tried, why, not_simulated, fitted,
                        limit_cut, took)
+    summary["selection"] = selection
     return Program(text, plan, summary, result, alg)
+
+
+def _selection_report(choices: list, result, fraction) -> dict:
+    """What ``--json`` says of the selection: its rule, every candidate (its fraction of the
+    bound, the seconds it took, its time's ratio to the kept one's, or why it was dropped), the
+    one kept and the runner-up with its ratio (None where no other was scored)."""
+    kept = next((c for c in choices if c.result is result), None)
+    others = [c for c in ranked(choices) if c is not kept]
+    runner = others[0] if others else None
+    return {"rule": SCORE_RULE, "kept": kept.name if kept is not None else None,
+            "candidates": [c.as_dict(fraction) for c in choices],
+            "runner_up": None if runner is None else {"candidate": runner.name,
+                                                      "ratio": (fraction / runner.fraction) if fraction else None}}
 
 
 def _report(result, bound: dict, fraction, sims, simulated: bool):
