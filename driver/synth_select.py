@@ -222,14 +222,16 @@ def synthesize_programs(topo, opts: SynthOptions, *, deadline: clock.Deadline | 
 
     def default():
         if not made:
-            until = clock.now() + max(0.0, deadline.left()) / len(sizes)
+            until = clock.now() + max(0.0, deadline.left()) / shares
             made.append(_select(opts, topo, opts.select_size, until, _QuietPhase(), None, make_eval)[0])
         return made[0]
 
+    if needs_default:
+        default()       # first, in its share: each size's selection then has its own share whole
     programs = []
     for i, size in enumerate(sizes):
         # every program its share of the time left
-        share = max(0.0, deadline.left()) / (shares - i if needs_default and not made else len(sizes) - i)
+        share = max(0.0, deadline.left()) / (len(sizes) - i)
         programs.append(_program(opts, topo, size, clock.now() + share, phases,
                                  default if needs_default else None, make_eval))
     return programs
@@ -475,10 +477,12 @@ def _trees_fit(collective: str, nranks: int) -> bool:
                                                                  and nranks > BROADCAST_TREE_RANKS)
 
 
-def _select(opts, topo, size: int, deadline: float, phase, method: str | None = None, make_eval=None):
+def _select(opts, topo, size: int, deadline: float, phase, method: str | None = None, make_eval=None,
+            default=None):
     """The program for ``size`` chosen by the simulator: ``(result, fraction, bound, tried, sims,
     simulated, choices)``. ``method`` given: that method's program alone; else, under ``--method
-    auto``, every candidate (:func:`_candidates`) is made, scored at ``size`` and the fastest kept."""
+    auto``, every candidate (:func:`_candidates`) is made, scored at ``size`` and the fastest kept
+    (``default``: a callable giving the default program, a candidate too where given)."""
     make_eval = make_eval or Simulations
     forced = method is not None
     method = method or choose_method(opts.method, opts.collective, topo.nranks, size)
@@ -486,17 +490,18 @@ def _select(opts, topo, size: int, deadline: float, phase, method: str | None = 
     sims = make_eval(topo, size, deadline)
     compare = _compare_all(opts, method, forced, simulated, sims)
     choices: list[Choice] = []
-    return _candidates(opts, topo, size, deadline, phase, method, sims, simulated, compare, choices)
+    return _candidates(opts, topo, size, deadline, phase, method, sims, simulated, compare, choices, default)
 
 
 def _candidates(opts, topo, size: int, deadline: float, phase, method: str, sims, simulated: bool, compare: bool,
-                choices: list):
+                choices: list, default=None):
     """The selection loop of one size: the candidates made in turn, each scored by ``sims`` at
     ``size`` (channels fitted, smaller slices where they gain), the fastest kept.
 
     Order, each while the deadline leaves time: the tree packing where it builds the collective
     (first even where ``auto`` picks the search: its program is the one to beat, made in seconds),
-    the method's program, the classic generators that fit the cluster, and the step search, which
+    the method's program, the classic generators that fit the cluster, the default program (what
+    ``hccc synth`` writes without ``--size``, where ``default`` gives it), and the step search, which
     beside a program in hand gets :data:`SEARCH_BESIDE_LEAST_S`, or as long again as the programs
     in hand took, and no more (it must not take the whole limit from programs already made)."""
     from hccc.compiler.synth import synthesize
@@ -580,6 +585,14 @@ def _candidates(opts, topo, size: int, deadline: float, phase, method: str, sims
             score(choice, thin=False)
             choice.seconds = clock.now() - t0
             choices.append(choice)
+        if default is not None:
+            # the choice by size is never worse than the default program: it is a candidate,
+            # compared in the same simulator at this size
+            phase.update("simulating the default program at this size")
+            t0 = clock.now()
+            fd, d = _default_fraction(opts, topo, size, sims, bound, default())
+            choices.append(Choice("default", d if d is not None else default(), fd, clock.now() - t0,
+                                  None if fd is not None else "not simulated: time limit"))
         best = ranked(choices)
         made_s = sum(c.seconds for c in choices)
         if method == "search" and main is None:
@@ -625,7 +638,7 @@ def _candidates(opts, topo, size: int, deadline: float, phase, method: str, sims
                     choices.append(choice)
     best = ranked(choices)
     kept = best[0] if best else next(c for c in choices if c.result is not None)
-    tried = {c.name: c.fraction for c in choices if c.name in ("trees", "search")}
+    tried = {c.name: c.fraction for c in choices if c.name in ("trees", "search", "default")}
     return kept.result, kept.fraction, state["bound"], tried, sims, simulated, choices
 
 
@@ -691,19 +704,9 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     started = clock.now()
     with phases(title, opts.time_limit if len(opts.sizes) <= 1 else round(max(0.0, deadline - clock.now()), 1)) \
             as phase:
-        result, fraction, bound, tried, sims, simulated, choices = _select(opts, topo, size, deadline - closing,
-                                                                           phase, None, make_eval)
-        if default is not None and opts.method == "auto" and size != opts.select_size and simulated:
-            # the choice by size is never worse than the default program: it is a candidate,
-            # compared in the same simulator at this size
-            phase.update("simulating the default program at this size")
-            t0 = clock.now()
-            fd, d = _default_fraction(opts, topo, size, sims, bound, default())
-            tried["default"] = fd
-            choices.append(Choice("default", d, fd, clock.now() - t0,
-                                  None if fd is not None else "not simulated: time limit"))
-            if fd is not None and (fraction is None or fd > fraction):
-                result, fraction = d, fd
+        compare_default = default is not None and opts.method == "auto" and size != opts.select_size
+        result, fraction, bound, tried, sims, simulated, choices = _select(
+            opts, topo, size, deadline - closing, phase, None, make_eval, default if compare_default else None)
         if opts.engine:
             result, fraction = _fit_engine(opts, topo, size, deadline, phase, result, sims, bound, simulated,
                                            make_eval)
@@ -725,6 +728,12 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     took = {"search": round(searched - started, 3), **(result.detail.get("phase_seconds") or {}),
             "proof": round(proven - searched, 3), "text": round(clock.now() - proven, 3),
             "closing_predicted": round(closing, 3)}
+    # where the selection's time went: each candidate made and scored, and the rest (the bounds,
+    # the engine's fit), adding up to it
+    for c in choices:
+        took[f"candidate {c.name}"] = round(took.get(f"candidate {c.name}", 0.0) + c.seconds, 3)
+    took["selection other"] = round(max(0.0, took["search"] - sum(v for k, v in took.items()
+                                                                  if k.startswith("candidate "))), 3)
     summary = _summary(result, size, bound, fraction, sims, simulated, tried, why, not_simulated, fitted,
                        limit_cut, took)
     summary["selection"] = selection

@@ -171,7 +171,10 @@ def _say(p, summary: dict, out: Path) -> None:
     shape = (f"{plural(result.chunks_per_rank, 'chunk')} per rank, {plural(summary['channels'], 'channel')}"
              + (f" (not fitted: {why})" if why else "")
              + ("" if p.plan.slicing.is_default else f", slices of at least {format_size(p.plan.slicing.min_slice)}")
-             if summary["method"] == "trees" else f"lower bound {result.lower_bound_steps}, {gap}")
+             if summary["method"] != "search" else f"lower bound {result.lower_bound_steps}, {gap}")
+    run = (summary.get("selection") or {}).get("runner_up")
+    if run is not None and run["ratio"] is not None:
+        frac += f"; runner-up {run['candidate']} at {run['ratio']:.3f}x its time"
     print(f"hccc synth: {result.collective} on {plural(result.nranks, 'GPU')} by {summary['method']}: {result.steps} steps "
           f"({shape}), {result.ntransfers} transfers{frac}"
           f"{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
