@@ -30,6 +30,7 @@ from hccc.util.limits import printable
 from hccc.util.plural import plural
 from hccc.util.sizes import format_size
 from hccc.compiler.synth.plan import SynthOptions, SynthPlan
+from hccc.compiler.synth.selection import SelectionLoop
 
 #: ``--method auto`` packs trees from this many bytes per rank (the bandwidth regime: chunks large
 #: enough to pipeline); below it the step search, whose few rounds pay fewer latencies
@@ -495,31 +496,107 @@ def _select(opts, topo, size: int, deadline: float, phase, method: str | None = 
 
 def _candidates(opts, topo, size: int, deadline: float, phase, method: str, sims, simulated: bool, compare: bool,
                 choices: list, default=None):
-    """The selection loop of one size: the candidates made in turn, each scored by ``sims`` at
-    ``size`` (channels fitted, smaller slices where they gain), the fastest kept.
+    """The selection of one size (:class:`_Choices`, synthesis's one selection loop): ``(result,
+    fraction, bound, tried, sims, simulated, choices)`` of the fastest candidate."""
+    loop = _Choices(opts, topo, size, deadline, phase, method, sims, simulated, compare, choices, default)
+    loop.run()
+    best = ranked(choices)
+    kept = best[0] if best else next(c for c in choices if c.result is not None)
+    tried = {c.name: c.fraction for c in choices if c.name in ("trees", "search", "default")}
+    return kept.result, kept.fraction, loop.bound, tried, sims, simulated, choices
 
-    Order, each while the deadline leaves time: the tree packing where it builds the collective
-    (first even where ``auto`` picks the search: its program is the one to beat, made in seconds),
-    the method's program, the classic generators that fit the cluster, the default program (what
-    ``hccc synth`` writes without ``--size``, where ``default`` gives it), and the step search, which
-    beside a program in hand gets :data:`SEARCH_BESIDE_LEAST_S`, or as long again as the programs
-    in hand took, and no more (it must not take the whole limit from programs already made)."""
-    from hccc.compiler.synth import synthesize
-    from hccc.compiler.synth.classic import classic_candidates
 
-    def progress(event: str, info: dict) -> None:
-        phase.update(describe_event(event, info))
+class _Choices(SelectionLoop):
+    """``hccc synth``'s choice among every program it could write at one size, as synthesis's
+    selection loop (:class:`hccc.compiler.synth.selection.SelectionLoop`; the tree packing's own
+    choice among its programs is the same loop, :class:`hccc.compiler.synth.forest._Selection`):
+    each job makes a candidate (:class:`Choice`), scored by ``sims`` at ``size`` (channels fitted,
+    smaller slices where they gain); the fastest is kept (:func:`ranked`).
 
-    def make(how: str, until: float = deadline, smt: bool = opts.smt, ceiling: float | None = None,
-             known_bound: float | None = None):
-        sim = opts.sim_select and simulated
+    Jobs, in order: the tree packing where it builds the collective and ``auto`` picked the search
+    (first: its program is the one to beat, made in seconds, within :data:`TREES_BESIDE_SHARE` of
+    the time left), the method's program, the classic generators that fit the cluster (each a job
+    of its own), the default program (what ``hccc synth`` writes without ``--size``, where
+    ``default`` gives it), and the step search: beside programs in hand it gets
+    :data:`SEARCH_BESIDE_LEAST_S`, or as long again as they took, and no more (it must not take the
+    whole limit from programs already made); after a tree program it runs only where the best
+    program reaches less than ``auto_search_below`` of the least time. A job runs while the
+    deadline leaves time; those it leaves are listed as not made."""
+
+    def __init__(self, opts, topo, size: int, deadline: float, phase, method: str, sims, simulated: bool,
+                 compare: bool, choices: list, default=None):
+        self.opts, self.topo, self.size, self.phase, self.method = opts, topo, size, phase, method
+        self.sims, self.simulated, self.compare, self.default = sims, simulated, compare, default
+        self.bound: dict | None = None
+        trees_first = compare and method == "search" and _trees_fit(opts.collective, topo.nranks)
+        jobs = [("trees first",)] if trees_first else []
+        jobs.append(("method",))
+        if compare:
+            jobs += [("classics",)] + ([("default",)] if default is not None else []) + [("search",)]
+        super().__init__(jobs, deadline)
+        self.candidates = choices
+
+    # ------------------------------------------------------------ the loop's parts
+    def affordable(self, job) -> bool:
+        return self.sims.time_left > 0
+
+    def cut(self, not_run: int, total: int) -> None:
+        for job in self.queue:
+            if job[0] == "classic":
+                self.candidates.append(Choice(job[1], job[2], None, 0.0, "not simulated: time limit"))
+            elif job[0] in ("default", "search"):
+                self.candidates.append(Choice(job[0], None, None, 0.0, "not made: time limit"))
+
+    def step(self, job) -> None:
+        t0 = clock.now()
+        kind = job[0]
+        if kind == "trees first":
+            # the latency regime: the trees' program first, in a share of the time
+            self.phase.update("packing trees first: the program the step search must beat")
+            try:
+                self._first("trees", clock.now() + max(0.0, self.deadline - clock.now()) * TREES_BESIDE_SHARE, t0)
+            except CompileError as exc:
+                self.candidates.append(Choice("trees", None, None, clock.now() - t0, str(exc).splitlines()[0]))
+        elif kind == "method":
+            if not any(c.fraction is not None or c.result is not None for c in self.candidates):
+                self._first(self.method, self.deadline, t0)
+            # else the trees came first in the latency regime: the search is its own job, bounded
+        elif kind == "classics":
+            self._classics()
+        elif kind == "classic":
+            choice = Choice(job[1], job[2], None)
+            self._score(choice, thin=False)
+            choice.seconds = clock.now() - t0
+            self.candidates.append(choice)
+        elif kind == "default":
+            # the choice by size is never worse than the default program: it is a candidate,
+            # compared in the same simulator at this size
+            self.phase.update("simulating the default program at this size")
+            fd, d = _default_fraction(self.opts, self.topo, self.size, self.sims, self.bound, self.default())
+            self.candidates.append(Choice("default", d if d is not None else self.default(), fd, clock.now() - t0,
+                                          None if fd is not None else "not simulated: time limit"))
+        elif kind == "search":
+            self._search(t0)
+        self.build_s = max(self.build_s, clock.now() - t0)
+
+    # ------------------------------------------------------------ the candidates
+    def _make(self, how: str, until: float, smt: bool | None = None, ceiling: float | None = None,
+              known_bound: float | None = None):
+        from hccc.compiler.synth import synthesize
+
+        opts, topo, size, sims = self.opts, self.topo, self.size, self.sims
+        sim = opts.sim_select and self.simulated
         score = None if not sim or opts.variants == 1 or how == "trees" else simulated_score(
             topo, size, root=opts.root, chunks_per_rank=(opts.chunks_per_rank or 1), deadline=until, ceiling=ceiling)
+
+        def progress(event: str, info: dict) -> None:
+            self.phase.update(describe_event(event, info))
+
         try:
             return synthesize(topo, opts.collective, root=opts.root, chunks_per_rank=(opts.chunks_per_rank or 1),
                               time_limit=max(1e-3, until - clock.now()), progress=progress,
-                              pod_ranks=opts.pod_size, use_smt=smt, variants=opts.variants,
-                              score=score, bandwidth_bound_bytes=size, method=how,
+                              pod_ranks=opts.pod_size, use_smt=opts.smt if smt is None else smt,
+                              variants=opts.variants, score=score, bandwidth_bound_bytes=size, method=how,
                               tree_score=tree_simulated_score(sims) if sim and how == "trees" else None,
                               known_bound_seconds=known_bound)
         except ValueError as exc:
@@ -529,117 +606,85 @@ def _candidates(opts, topo, size: int, deadline: float, phase, method: str, sims
             getattr(sims, "drop_ahead", lambda: None)()
             getattr(sims, "drop_guesses", lambda: None)()
 
-    state: dict = {}
-
-    def score(choice: Choice, thin: bool) -> None:
+    def _score(self, choice: Choice, thin: bool) -> None:
         """``choice``'s program timed at ``size``: channels fitted, its fraction of the bound."""
-        res, bound = choice.result, state["bound"]
+        res, bound, sims = choice.result, self.bound, self.sims
         res.detail.setdefault("cut_bound_seconds", bound["seconds"])
-        if simulated:
-            phase.update(f"fitting channels and simulating the {choice.name} program")
-            _fit_channels(res, topo, size, sims)
+        if self.simulated:
+            self.phase.update(f"fitting channels and simulating the {choice.name} program")
+            _fit_channels(res, self.topo, self.size, sims)
         else:
-            _cap_channels(res, topo)
-        f = _simulated_fraction(res, sims, bound["seconds"]) if simulated else None
-        choice.fraction = _thin_slices(res, sims, bound, f, phase) if thin else f
-        if choice.fraction is None and compare and choices:
+            _cap_channels(res, self.topo)
+        f = _simulated_fraction(res, sims, bound["seconds"]) if self.simulated else None
+        choice.fraction = _thin_slices(res, sims, bound, f, self.phase) if thin else f
+        if choice.fraction is None and self.compare and self.candidates:
             choice.dropped = "not simulated: " + ("time limit" if sims.stopped else sims.failed or "no time")
 
-    def first(how: str, until: float) -> Choice:
-        t0 = clock.now()
-        res = make(how, until)
-        state["bound"] = bound = _bandwidth_bound(res, size)
-        if opts.collective == "allreduce":
-            bound.update(_allreduce_bounds(sims, res))
+    def _first(self, how: str, until: float, t0: float) -> None:
+        """The first program made: it sets the bound every fraction is taken of."""
+        res = self._make(how, until)
+        self.bound = bound = _bandwidth_bound(res, self.size)
+        if self.opts.collective == "allreduce":
+            bound.update(_allreduce_bounds(self.sims, res))
         choice = Choice(how, res, None)
-        score(choice, thin=True)
+        self._score(choice, thin=True)
         choice.seconds = clock.now() - t0
-        choices.append(choice)
-        return choice
+        self.candidates.append(choice)
 
-    trees_first = compare and method == "search" and _trees_fit(opts.collective, topo.nranks)
-    if trees_first:
-        # the latency regime: the trees' program first, in a share of the time (it is made in
-        # seconds and is the one the search must beat)
-        phase.update("packing trees first: the program the step search must beat")
-        try:
-            first("trees", clock.now() + max(0.0, deadline - clock.now()) * TREES_BESIDE_SHARE)
-        except CompileError:
-            trees_first = False
-    if not choices:
-        main = first(method, deadline)
-    else:
-        main = None
-    if compare:
-        bound = state["bound"]
-        lb = next((c.result.lower_bound_steps for c in choices if c.result.detail.get("method") == "search"), 0)
-        classics = classic_candidates(topo, opts.collective, opts.root, lb)
-        for name, why in classics.dropped:
-            choices.append(Choice(name, None, None, 0.0, why))
-        for name, res in classics.made:
-            if sims.time_left <= 0:
-                choices.append(Choice(name, res, None, 0.0, "not simulated: time limit"))
-                continue
-            t0 = clock.now()
-            choice = Choice(name, res, None)
-            score(choice, thin=False)
-            choice.seconds = clock.now() - t0
-            choices.append(choice)
-        if default is not None:
-            # the choice by size is never worse than the default program: it is a candidate,
-            # compared in the same simulator at this size
-            phase.update("simulating the default program at this size")
-            t0 = clock.now()
-            fd, d = _default_fraction(opts, topo, size, sims, bound, default())
-            choices.append(Choice("default", d if d is not None else default(), fd, clock.now() - t0,
-                                  None if fd is not None else "not simulated: time limit"))
-        best = ranked(choices)
-        made_s = sum(c.seconds for c in choices)
-        if method == "search" and main is None:
-            # the search beside the programs in hand: bounded, so that it cannot take the whole
-            # limit from them; the proof and the text keep their reserve (the caller's deadline)
-            phase.update("the step search beside the programs in hand")
-            until = min(deadline, clock.now() + max(SEARCH_BESIDE_LEAST_S, made_s))
-            t0 = clock.now()
+    def _classics(self) -> None:
+        """The classic generators that fit the cluster, each queued as a job of its own (next)."""
+        from hccc.compiler.synth.classic import classic_candidates
+
+        lb = next((c.result.lower_bound_steps for c in self.candidates
+                   if c.result is not None and c.result.detail.get("method") == "search"), 0)
+        got = classic_candidates(self.topo, self.opts.collective, self.opts.root, lb)
+        for name, why in got.dropped:
+            self.candidates.append(Choice(name, None, None, 0.0, why))
+        self.queue.extendleft(reversed([("classic", name, res) for name, res in got.made]))
+
+    def _search(self, t0: float) -> None:
+        """The step search beside the programs in hand (the latency regime: bounded), or after a
+        tree program that falls short of ``auto_search_below`` of the least time (greedy only)."""
+        opts, sims, bound = self.opts, self.sims, self.bound
+        best = ranked(self.candidates)
+        if self.method == "search":
+            # beside the programs in hand: bounded, so that it cannot take the whole limit from
+            # them; the proof and the text keep their reserve (the caller's deadline)
+            self.phase.update("the step search beside the programs in hand")
+            made_s = sum(c.seconds for c in self.candidates)
+            until = min(self.deadline, clock.now() + max(SEARCH_BESIDE_LEAST_S, made_s))
             try:
-                other = make("search", until, known_bound=bound["seconds"])
+                other = self._make("search", until, known_bound=bound["seconds"])
             except CompileError as exc:
-                choices.append(Choice("search", None, None, clock.now() - t0, str(exc).splitlines()[0]))
+                self.candidates.append(Choice("search", None, None, clock.now() - t0, str(exc).splitlines()[0]))
+                return
+            choice = Choice("search", other, None)
+            self._score(choice, thin=True)
+        else:
+            if not best or _reach(bound, best[0].fraction) >= opts.auto_search_below:
+                return
+            # the best program falls short in the simulator: the search too, leaving time to
+            # simulate its program as long as the longest simulation took, and searching half as
+            # long as the trees took to make; greedy only (its variants rated by the simulator):
+            # z3 shortens the schedule by steps, which at this size is not its time. A search
+            # program whose bytes over the capacities alone take the best program's time cannot
+            # win: it is not simulated (nor are such variants)
+            self.phase.update("best program below the bound in the simulator: trying the step search")
+            until = min(self.deadline - min(sims.time_left / 2, 3 * sims.longest_s),
+                        clock.now() + max(AUTO_SEARCH_LEAST_S, self.candidates[0].seconds / 2))
+            best_s = bound["seconds"] / best[0].fraction
+            try:
+                other = self._make("search", until, smt=False, ceiling=best_s, known_bound=bound["seconds"])
+            except CompileError as exc:      # no search schedule within the limits: the others stand
+                self.candidates.append(Choice("search", None, None, clock.now() - t0, str(exc).splitlines()[0]))
+                return
+            choice = Choice("search", other, None)
+            if sims.least_seconds(other) >= best_s:
+                choice.dropped = "its bytes over the link capacities alone take the best program's time"
             else:
-                choice = Choice("search", other, None)
-                score(choice, thin=True)
-                choice.seconds = clock.now() - t0
-                choices.append(choice)
-        elif method == "trees" and best:
-            reach = _reach(bound, best[0].fraction)
-            if reach < opts.auto_search_below and sims.time_left > 0:
-                # the best program falls short in the simulator: the search too, leaving time to
-                # simulate its program as long as the longest simulation took, and searching half
-                # as long as the trees took to make; greedy only (its variants rated by the
-                # simulator): z3 shortens the schedule by steps, which at this size is not its
-                # time. A search program whose bytes over the capacities alone take the best
-                # program's time cannot win: it is not simulated (nor are such variants)
-                phase.update("best program below the bound in the simulator: trying the step search")
-                until = min(deadline - min(sims.time_left / 2, 3 * sims.longest_s),
-                            clock.now() + max(AUTO_SEARCH_LEAST_S, choices[0].seconds / 2))
-                best_s = bound["seconds"] / best[0].fraction
-                t0 = clock.now()
-                try:
-                    other = make("search", until, smt=False, ceiling=best_s, known_bound=bound["seconds"])
-                except CompileError as exc:      # no search schedule within the limits: the others stand
-                    choices.append(Choice("search", None, None, clock.now() - t0, str(exc).splitlines()[0]))
-                else:
-                    choice = Choice("search", other, None)
-                    if sims.least_seconds(other) >= best_s:
-                        choice.dropped = "its bytes over the link capacities alone take the best program's time"
-                    else:
-                        score(choice, thin=True)
-                    choice.seconds = clock.now() - t0
-                    choices.append(choice)
-    best = ranked(choices)
-    kept = best[0] if best else next(c for c in choices if c.result is not None)
-    tried = {c.name: c.fraction for c in choices if c.name in ("trees", "search", "default")}
-    return kept.result, kept.fraction, state["bound"], tried, sims, simulated, choices
+                self._score(choice, thin=True)
+        choice.seconds = clock.now() - t0
+        self.candidates.append(choice)
 
 
 def _fit_engine(opts, topo, size: int, deadline: float, phase, result, sims, bound: dict, simulated: bool,

@@ -22,6 +22,7 @@ from hccc.compiler.cluster.topology_check import check_on_topology
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
+from hccc.compiler.synth.selection import SelectionLoop
 from hccc.compiler.pipeline import load_cluster
 from hccc.runtime.simulator import prepare, simulate
 from hccc.synth_api import synthesize_program
@@ -136,3 +137,74 @@ def test_the_report_adds_up_and_names_the_runner_up(tmp_path, capsys):
     run = s["selection"]["runner_up"]
     assert f"runner-up {run['candidate']} at {run['ratio']:.3f}x its time" in cap.out
     assert "candidate " in cap.err and "s from the command's start" in cap.err
+
+
+class _Jobs(SelectionLoop):
+    """A loop over jobs ``(name, cost, children)``: a step spends ``cost`` units of a budget and
+    queues its children next; a job runs while its cost fits in what is left."""
+
+    def __init__(self, jobs, budget):
+        super().__init__(jobs, deadline=0.0)
+        self.left, self.ran, self.not_run = budget, [], None
+
+    def affordable(self, job) -> bool:
+        return job[1] <= self.left
+
+    def step(self, job) -> None:
+        self.left -= job[1]
+        self.ran.append(job[0])
+        self.candidates.append(job[0])
+        self.queue.extendleft(reversed(job[2]))
+
+    def cut(self, not_run: int, total: int) -> None:
+        self.not_run = ([j[0] for j in self.queue], not_run, total)
+
+
+_job = st.deferred(lambda: st.tuples(st.text("abc", min_size=1, max_size=2), st.integers(0, 5),
+                                     st.lists(_job, max_size=2)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(jobs=st.lists(_job, min_size=1, max_size=4), budget=st.integers(0, 12))
+def test_the_selection_loop_runs_jobs_in_turn_while_affordable(jobs, budget):
+    """Synthesis's one selection loop (the tree packing's and ``hccc synth``'s): the first job
+    always, then each in queue order (a step's own jobs next) while affordable; the first one that
+    is not ends the loop, and it and every job queued after it are the jobs not run (their own
+    jobs never queued). Oracle: the same walk written as plain recursion over the job tree."""
+    want, left, rest = [], budget, []
+
+    def walk(js, first):
+        nonlocal left
+        for i, (name, cost, children) in enumerate(js):
+            if rest or (not first[0] and cost > left):
+                rest.append(name)           # queued, not run: its own jobs never queued
+                continue
+            first[0] = False
+            left -= cost
+            want.append(name)
+            walk(children, first)
+
+    walk(jobs, [True])
+    loop = _Jobs(jobs, budget)
+    assert loop.run() == want and loop.ran == want
+    if rest:
+        names, not_run, total = loop.not_run
+        assert names == rest and not_run == len(rest) and total == len(want) + len(rest)
+    else:
+        assert loop.not_run is None
+
+
+def test_candidates_the_deadline_leaves_are_listed_not_waited_on(monkeypatch):
+    """Where the time left affords no further job, the first candidate is written and every other
+    is listed with why it was not made or simulated (the report), none waited on."""
+    import hccc.synth_select as sel
+
+    monkeypatch.setattr(sel._Choices, "affordable", lambda self, job: False)
+    topo = load_cluster(CLUSTERS / "v100_4x3.topo")
+    prog = synthesize_program(topo, "allgather", sizes=(64 << 10,), time_limit=30.0)
+    s = prog.summary["selection"]
+    rows = s["candidates"]
+    assert rows[0]["candidate"] == "trees" and rows[0]["fraction_of_bound"] is not None
+    assert s["kept"] == "trees" and s["runner_up"] is None
+    assert [r["dropped"] for r in rows[1:]] and all(r["dropped"] == "not made: time limit" for r in rows[1:])
+    assert {r["candidate"] for r in rows[1:]} == {"default", "search"}
