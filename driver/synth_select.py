@@ -44,9 +44,6 @@ AUTO_SEARCH_LEAST_S = 2.0
 #: 8-GPU A100 nodes at 64 KiB (AllReduce) it is made in 1.6 s and runs at 12.7 us, where the
 #: search, given the whole limit, ran into it and wrote a program of 32.2 us
 TREES_BESIDE_SHARE = 0.5
-#: the step search beside programs already in hand gets at least this many seconds (work clock),
-#: or as long again as they took to make and score, and no more
-SEARCH_BESIDE_LEAST_S = 5.0
 #: how candidates are compared: the simulated time at the size asked (``--size``, else
 #: ``--select-size``) alone, the fastest kept; the report gives every other's ratio to it
 SCORE_RULE = "the simulated time at the size asked"
@@ -517,9 +514,9 @@ class _Choices(SelectionLoop):
     (first: its program is the one to beat, made in seconds, within :data:`TREES_BESIDE_SHARE` of
     the time left), the method's program, the classic generators that fit the cluster (each a job
     of its own), the default program (what ``hccc synth`` writes without ``--size``, where
-    ``default`` gives it), and the step search: beside programs in hand it gets
-    :data:`SEARCH_BESIDE_LEAST_S`, or as long again as they took, and no more (it must not take the
-    whole limit from programs already made); after a tree program it runs only where the best
+    ``default`` gives it), and the step search: beside programs in hand, greedy only (bounded by
+    its own work, so the same on every machine: it must not take the whole limit from programs
+    already made, as z3's deadline-bound repairs would); after a tree program only where the best
     program reaches less than ``auto_search_below`` of the least time. A job runs while the
     deadline leaves time; those it leaves are listed as not made."""
 
@@ -544,7 +541,7 @@ class _Choices(SelectionLoop):
         for job in self.queue:
             if job[0] == "classic":
                 self.candidates.append(Choice(job[1], job[2], None, 0.0, "not simulated: time limit"))
-            elif job[0] in ("default", "search"):
+            elif job[0] in ("classics", "default", "search"):     # classics: hccc's generators, none made
                 self.candidates.append(Choice(job[0], None, None, 0.0, "not made: time limit"))
 
     def step(self, job) -> None:
@@ -635,8 +632,8 @@ class _Choices(SelectionLoop):
         """The classic generators that fit the cluster, each queued as a job of its own (next)."""
         from hccc.compiler.synth.classic import classic_candidates
 
-        lb = next((c.result.lower_bound_steps for c in self.candidates
-                   if c.result is not None and c.result.detail.get("method") == "search"), 0)
+        # the step bound the programs made proved (the search's, or the trees' distance bound)
+        lb = max((c.result.lower_bound_steps for c in self.candidates if c.result is not None), default=0)
         got = classic_candidates(self.topo, self.opts.collective, self.opts.root, lb)
         for name, why in got.dropped:
             self.candidates.append(Choice(name, None, None, 0.0, why))
@@ -648,13 +645,15 @@ class _Choices(SelectionLoop):
         opts, sims, bound = self.opts, self.sims, self.bound
         best = ranked(self.candidates)
         if self.method == "search":
-            # beside the programs in hand: bounded, so that it cannot take the whole limit from
-            # them; the proof and the text keep their reserve (the caller's deadline)
-            self.phase.update("the step search beside the programs in hand")
-            made_s = sum(c.seconds for c in self.candidates)
-            until = min(self.deadline, clock.now() + max(SEARCH_BESIDE_LEAST_S, made_s))
+            # beside the programs in hand: greedy only (its variants rated by the simulator), a
+            # search bounded by its own work, not by seconds, so that every machine writes the
+            # same program (z3's repairs and shortening run until a deadline, which would take
+            # the whole limit from the programs in hand); the limit is the user's cap, leaving
+            # time to simulate the program as long as the longest simulation took
+            self.phase.update("the step search (greedy) beside the programs in hand")
+            until = self.deadline - min(sims.time_left / 2, 3 * sims.longest_s)
             try:
-                other = self._make("search", until, known_bound=bound["seconds"])
+                other = self._make("search", until, smt=False, known_bound=bound["seconds"])
             except CompileError as exc:
                 self.candidates.append(Choice("search", None, None, clock.now() - t0, str(exc).splitlines()[0]))
                 return
@@ -764,6 +763,8 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     proven = clock.now()
     why, not_simulated, fitted, limit_cut, extra = _report(result, bound, fraction, sims, simulated)
     selection = _selection_report(choices, result, fraction)
+    if selection["time_limit_cut"]:
+        extra.append(f"time limit: candidates not made or not simulated: {', '.join(selection['time_limit_cut'])}")
     if selection["runner_up"] is not None and selection["kept"] is not None:
         run = selection["runner_up"]
         extra.append(f"kept the {selection['kept']} program, the fastest of {len(choices)} candidates in the "
@@ -788,12 +789,14 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
 def _selection_report(choices: list, result, fraction) -> dict:
     """What ``--json`` says of the selection: its rule, every candidate (its fraction of the
     bound, the seconds it took, its time's ratio to the kept one's, or why it was dropped), the
-    one kept and the runner-up with its ratio (None where no other was scored)."""
+    one kept, the candidates the time limit left unmade or unscored, and the runner-up with its
+    ratio (None where no other was scored)."""
     kept = next((c for c in choices if c.result is result), None)
     others = [c for c in ranked(choices) if c is not kept]
     runner = others[0] if others else None
     return {"rule": SCORE_RULE, "kept": kept.name if kept is not None else None,
             "candidates": [c.as_dict(fraction) for c in choices],
+            "time_limit_cut": [c.name for c in choices if c.dropped and "time limit" in c.dropped],
             "runner_up": None if runner is None else {"candidate": runner.name,
                                                       "ratio": (fraction / runner.fraction) if fraction else None}}
 

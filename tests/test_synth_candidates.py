@@ -207,4 +207,5 @@ def test_candidates_the_deadline_leaves_are_listed_not_waited_on(monkeypatch):
     assert rows[0]["candidate"] == "trees" and rows[0]["fraction_of_bound"] is not None
     assert s["kept"] == "trees" and s["runner_up"] is None
     assert [r["dropped"] for r in rows[1:]] and all(r["dropped"] == "not made: time limit" for r in rows[1:])
-    assert {r["candidate"] for r in rows[1:]} == {"default", "search"}
+    assert {r["candidate"] for r in rows[1:]} == {"classics", "default", "search"} == set(s["time_limit_cut"])
+    assert "# time limit: candidates not made or not simulated: " in prog.text

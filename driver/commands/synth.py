@@ -22,6 +22,9 @@ search get their predicted time out of the limit (:mod:`hccc.compiler.synth.budg
 it (:mod:`hccc.timing`: start-up, synthesis, writing, and numba's compiling on a first run), also
 said on stderr. docs/synthesis.md: how channels are chosen.
 
+Under ``--method auto`` every program it could write is a candidate (the tree packing, the step
+search, hccc's generators that fit the cluster), timed by the simulator at the size; the fastest is
+written, and the report names the runner-up and its ratio (``"selection"`` in ``--json``).
 The command only reads its options, wires the simulator and a progress display into the selection
 loop (:func:`hccc.synth_select.synthesize_programs`) and writes what it returns:
 :func:`hccc.synthesize` with the same options returns the same bytes.
@@ -85,8 +88,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="how the schedule is made: 'trees' (bandwidth-optimal spanning-tree packing; allgather, "
                         "reducescatter, allreduce, broadcast), 'search' (greedy + SMT/CEGIS step search), or 'auto': "
                         f"trees when the buffer gives every rank at least {TREES_MIN_PER_RANK >> 10} KiB (and the "
-                        f"search as well, the faster kept, when the simulator finds the tree program under "
-                        f"{AUTO_SEARCH_BELOW:g} of the bound), else search")
+                        f"search as well when the simulator finds the best program under {AUTO_SEARCH_BELOW:g} of "
+                        "the bound), else search beside the trees; hccc's generators that fit the cluster (ring, "
+                        "all pairs, recursive doubling, hierarchical, C2C on mixed vendors) are candidates too, "
+                        "and the fastest in the simulator at the size is written, the runner-up named")
     p.add_argument("--size", type=comma_list(parse_size, "sizes"), default=None, metavar="BYTES[,BYTES...]",
                    help="message size(s) the program is made for (default: --select-size); with several sizes "
                         "one program per size is written, named ALGO_<size>.rccl, each by the method its size picks")
@@ -172,9 +177,12 @@ def _say(p, summary: dict, out: Path) -> None:
              + (f" (not fitted: {why})" if why else "")
              + ("" if p.plan.slicing.is_default else f", slices of at least {format_size(p.plan.slicing.min_slice)}")
              if summary["method"] != "search" else f"lower bound {result.lower_bound_steps}, {gap}")
-    run = (summary.get("selection") or {}).get("runner_up")
+    selection = summary.get("selection") or {}
+    run = selection.get("runner_up")
     if run is not None and run["ratio"] is not None:
         frac += f"; runner-up {run['candidate']} at {run['ratio']:.3f}x its time"
+    if selection.get("time_limit_cut"):
+        frac += f"; time limit: {plural(len(selection['time_limit_cut']), 'candidate')} not scored"
     print(f"hccc synth: {result.collective} on {plural(result.nranks, 'GPU')} by {summary['method']}: {result.steps} steps "
           f"({shape}), {result.ntransfers} transfers{frac}"
           f"{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
