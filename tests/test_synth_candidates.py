@@ -53,13 +53,17 @@ def _generators(topo, collective: str) -> dict:
     make = {"allgather": {"ring": lambda: gen.ring_allgather(n), "direct": lambda: gen.direct_allgather(n)},
             "reducescatter": {"ring": lambda: gen.ring_reducescatter(n),
                               "direct": lambda: gen.direct_reducescatter(n)},
-            "allreduce": {"ring": lambda: gen.ring_allreduce(n), "direct": lambda: gen.direct_allreduce(n)}}[collective]
+            "allreduce": {"ring": lambda: gen.ring_allreduce(n), "direct": lambda: gen.direct_allreduce(n)},
+            "broadcast": {"ring": lambda: gen.ring_broadcast(n), "direct": lambda: gen.direct_broadcast(n),
+                          "binomial": lambda: gen.tree_broadcast(n, gen.binomial_tree(n))},
+            "alltoall": {"ring": lambda: gen.ring_alltoall(n), "direct": lambda: gen.direct_alltoall(n)}}[collective]
     if collective == "allgather" and n & (n - 1) == 0:
         make["rd"] = lambda: gen.recursive_doubling_allgather(n)
-    if grid and grid[1] > 1:
-        make["hm"] = {"allgather": lambda: gen.hm_allgather(*grid),
+    if grid and grid[1] > 1 and collective != "broadcast":
+        make["hier_a2a" if collective == "alltoall" else "hm"] = {"allgather": lambda: gen.hm_allgather(*grid),
                       "reducescatter": lambda: gen.hm_reducescatter(*grid),
-                      "allreduce": lambda: gen.hm_allreduce(*grid)}[collective]
+                      "allreduce": lambda: gen.hm_allreduce(*grid),
+                      "alltoall": lambda: gen.hierarchical_alltoall(*grid)}[collective]
     out = {}
     for name, m in make.items():
         alg = m()
@@ -105,7 +109,7 @@ def test_size_64k_on_four_a100_nodes_is_never_worse_than_the_trees_or_the_genera
     assert f"runner-up: {run['candidate']}, {run['ratio']:.3f}x its time" in prog.text
 
 
-@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce"])
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce", "broadcast", "alltoall"])
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topo=clusters(), size=st.sampled_from([4 << 10, 64 << 10, 1 << 20, 64 << 20, 1 << 30]))
 def test_the_written_program_is_never_worse_than_a_generator(collective, topo, size):
