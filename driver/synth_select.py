@@ -569,6 +569,12 @@ class _Choices(SelectionLoop):
             # the choice by size is never worse than the default program: it is a candidate,
             # compared in the same simulator at this size
             self.phase.update("simulating the default program at this size")
+            same = self._same_as(self.default())
+            if same is not None:        # made here already (the packing gave the same program)
+                self.candidates.append(Choice("default", None, None, clock.now() - t0,
+                                              f"the same program as the {same} candidate"))
+                self.build_s = max(self.build_s, clock.now() - t0)
+                return
             fd, d = _default_fraction(self.opts, self.topo, self.size, self.sims, self.bound, self.default())
             self.candidates.append(Choice("default", d if d is not None else self.default(), fd, clock.now() - t0,
                                           None if fd is not None else "not simulated: time limit"))
@@ -577,6 +583,15 @@ class _Choices(SelectionLoop):
         self.build_s = max(self.build_s, clock.now() - t0)
 
     # ------------------------------------------------------------ the candidates
+    def _same_as(self, result) -> str | None:
+        """The name of a candidate made already whose program is ``result``'s (its transfers,
+        chunks, warps and slices), or None."""
+        if not hasattr(self.sims, "_key"):      # an evaluator that does not key programs
+            return None
+        key = self.sims._key(result)
+        return next((c.name for c in self.candidates if c.result is not None and self.sims._key(c.result) == key),
+                    None)
+
     def _make(self, how: str, until: float, smt: bool | None = None, ceiling: float | None = None,
               known_bound: float | None = None):
         from hccc.compiler.synth import synthesize
