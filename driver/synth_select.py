@@ -47,6 +47,9 @@ TREES_BESIDE_SHARE = 0.5
 #: how candidates are compared: the simulated time at the size asked (``--size``, else
 #: ``--select-size``) alone, the fastest kept; the report gives every other's ratio to it
 SCORE_RULE = "the simulated time at the size asked"
+#: ``phase_seconds``' name for the time the default program (a candidate of every ``--size``
+#: that differs from ``--select-size``) took to make, before the sizes' selections
+DEFAULT_MADE = "default program"
 #: the share of the time left that an AllReduce's report gives the packing LP of each half's bound
 #: where no tree packing computed it (:meth:`Simulations.optimum_seconds`)
 OPTIMUM_SHARE = 0.125
@@ -224,14 +227,19 @@ def synthesize_programs(topo, opts: SynthOptions, *, deadline: clock.Deadline | 
             made.append(_select(opts, topo, opts.select_size, until, _QuietPhase(), None, make_eval)[0])
         return made[0]
 
+    made_s = 0.0
     if needs_default:
+        t0 = clock.now()
         default()       # first, in its share: each size's selection then has its own share whole
+        made_s = clock.now() - t0
     programs = []
     for i, size in enumerate(sizes):
         # every program its share of the time left
         share = max(0.0, deadline.left()) / (len(sizes) - i)
         programs.append(_program(opts, topo, size, clock.now() + share, phases,
                                  default if needs_default else None, make_eval))
+    if needs_default:       # where that time went: said with the first program's phases
+        programs[0].summary["phase_seconds"][DEFAULT_MADE] = round(made_s, 3)
     return programs
 
 
@@ -499,7 +507,9 @@ def _candidates(opts, topo, size: int, deadline: float, phase, method: str, sims
     loop.run()
     best = ranked(choices)
     kept = best[0] if best else next(c for c in choices if c.result is not None)
-    tried = {c.name: c.fraction for c in choices if c.name in ("trees", "search", "default")}
+    # the methods tried (a job the deadline left unmade was not tried: the selection lists it)
+    tried = {c.name: c.fraction for c in choices if c.name in ("trees", "search", "default")
+             and not (c.dropped or "").startswith("not made")}
     return kept.result, kept.fraction, loop.bound, tried, sims, simulated, choices
 
 

@@ -135,12 +135,17 @@ def test_the_report_adds_up_and_names_the_runner_up(tmp_path, capsys):
     assert cands and {k.removeprefix("candidate ") for k in cands} == \
         {c["candidate"] for c in s["selection"]["candidates"]}
     assert sum(cands.values()) + phases["selection other"] == pytest.approx(phases["search"], abs=0.01 * len(cands))
+    # the synthesis part: the default program (made first, a candidate at 64K), then the size's
+    # selection, proof and text; what is left is the options' checks (well under a second)
+    inner = phases["default program"] + phases["search"] + phases["proof"] + phases["text"]
+    assert phases["default program"] > 0 and inner <= took["synthesis"] + 0.01 < inner + 1.0, (phases, took)
     assert main(["synth", str(CLUSTERS / "v100_4x3.topo"), "--collective", "allgather", "--size", "64K",
                  "-o", str(out)]) == 0
     cap = capsys.readouterr()
     run = s["selection"]["runner_up"]
     assert f"runner-up {run['candidate']} at {run['ratio']:.3f}x its time" in cap.out
     assert "candidate " in cap.err and "s from the command's start" in cap.err
+    assert "before it, the default program (a candidate)" in cap.err
 
 
 class _Jobs(SelectionLoop):

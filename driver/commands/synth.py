@@ -46,7 +46,8 @@ from hccc.compiler.backend.output_dir import check_output_file, write_text_atomi
 from hccc.util.limits import printable
 from hccc.compiler.synth.plan import AUTO_SEARCH_BELOW, COLLECTIVES, METHOD_CHOICES, SynthOptions
 # the selection lives in hccc.synth_select; its names stay importable from here
-from hccc.synth_select import (CHANNEL_STEPS, FIT_TOLERANCE, SIMULATE_MAX_RANKS, THIN_CHOOSE_MOST,  # noqa: F401
+from hccc.synth_select import (CHANNEL_STEPS, DEFAULT_MADE, FIT_TOLERANCE, SIMULATE_MAX_RANKS,  # noqa: F401
+                                        THIN_CHOOSE_MOST,
                                         THIN_GAIN, THIN_REACH, THIN_SLICES_BELOW, THIN_WHILE_CHOOSING,
                                         TREES_MIN_PER_RANK, Simulations, _fit_channels, choose_method,
                                         resident_channels, simulated_score, synthesize_programs,
@@ -201,8 +202,10 @@ def _say_time(programs, took: dict) -> None:
         if not phases:
             continue
         inner = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in phases.items()
-                          if k not in ("search", "proof", "text", "closing_predicted"))
+                          if k not in ("search", "proof", "text", "closing_predicted", DEFAULT_MADE))
         print(f"hccc synth: synthesis of {p.result.collective}"
               + (f" for {format_size(p.plan.size)}" if len(programs) > 1 else "")
               + f": search and simulations {phases['search']:.2f} s" + (f" ({inner})" if inner else "")
-              + f", proof {phases['proof']:.2f} s, text {phases['text']:.2f} s", file=sys.stderr)
+              + f", proof {phases['proof']:.2f} s, text {phases['text']:.2f} s"
+              + (f"; before it, the default program (a candidate) {phases[DEFAULT_MADE]:.2f} s"
+                 if DEFAULT_MADE in phases else ""), file=sys.stderr)
