@@ -5,12 +5,17 @@ simulator, :class:`Simulations`, is the one ``hccc synth`` and :func:`hccc.synth
 Stages, in order, per size (docs/architecture.md, *Synthesis*):
 
 1. **method**: ``auto`` resolves by the buffer per rank (:func:`choose_method`);
-2. **make**: the tree packing or the step search (:func:`hccc.compiler.synth.synthesize`), its
-   candidates scored by the evaluator (:func:`tree_simulated_score`, :func:`simulated_score`);
+2. **make**: one selection loop (:class:`_Choices`, the
+   :class:`~hccc.compiler.synth.selection.SelectionLoop` the tree packing's own choice runs too):
+   the tree packing or the step search (:func:`hccc.compiler.synth.synthesize`), its candidates
+   scored by the evaluator (:func:`tree_simulated_score`, :func:`simulated_score`), and under
+   ``auto`` every other candidate: the trees first where the search was picked, hccc's generators
+   that fit the cluster (:mod:`hccc.compiler.synth.classic`), the default program where a size
+   was given, the search (greedy beside programs in hand; after trees that fall short of
+   :data:`~hccc.compiler.synth.plan.AUTO_SEARCH_BELOW`);
 3. **fit**: channels (:func:`_fit_channels`) and slices (:func:`_thin_slices`) by the evaluator;
-4. **compare**: under ``auto`` the search where the trees fall short of
-   :data:`~hccc.compiler.synth.plan.AUTO_SEARCH_BELOW`, and the default program where a size was
-   given, all timed by the same evaluator, the fastest kept; ``--for`` keeps only what that engine
+4. **compare**: every candidate timed by the same evaluator at the size asked, the fastest kept
+   (:func:`ranked`), the runner-up and its ratio reported; ``--for`` keeps only what that engine
    exports (:mod:`hccc.synth_engines`);
 5. **emit**: the choices as a :class:`~hccc.compiler.synth.plan.SynthPlan`, the text by
    :func:`hccc.compiler.synth.emit.to_rccl`.
@@ -40,9 +45,10 @@ TREES_MIN_PER_RANK = 256 << 10
 #: multiply the command's time for that
 AUTO_SEARCH_LEAST_S = 2.0
 #: where ``auto`` picks the step search (the latency regime) and the tree packing builds the
-#: collective, the trees' program is made first within this share of the time left: on four
-#: 8-GPU A100 nodes at 64 KiB (AllReduce) it is made in 1.6 s and runs at 12.7 us, where the
-#: search, given the whole limit, ran into it and wrote a program of 32.2 us
+#: collective, the trees' program is made first within this share of the time left, the rest left
+#: to the generators' programs and the greedy search: on four 8-GPU A100 nodes at 64 KiB
+#: (AllReduce) the packing's program is made in 2-9 s (1.6 s on an idle machine) and runs at
+#: 12.7 us, where the search given the whole 30 s limit ran into it and wrote 32.2 us
 TREES_BESIDE_SHARE = 0.5
 #: how candidates are compared: the simulated time at the size asked (``--size``, else
 #: ``--select-size``) alone, the fastest kept; the report gives every other's ratio to it
@@ -470,7 +476,7 @@ def ranked(choices: list) -> list:
     return [c for _, c in sorted(scored, key=lambda ic: (-ic[1].fraction, ic[0]))]
 
 
-def _compare_all(opts, method: str, forced: bool, simulated: bool, sims) -> bool:
+def _compare_all(opts, forced: bool, simulated: bool, sims) -> bool:
     """Whether the selection compares every candidate (``--method auto``, the simulator there to
     time them) or keeps the method's program."""
     return opts.method == "auto" and not forced and simulated and opts.sim_select and sims.available
@@ -487,22 +493,15 @@ def _select(opts, topo, size: int, deadline: float, phase, method: str | None = 
             default=None):
     """The program for ``size`` chosen by the simulator: ``(result, fraction, bound, tried, sims,
     simulated, choices)``. ``method`` given: that method's program alone; else, under ``--method
-    auto``, every candidate (:func:`_candidates`) is made, scored at ``size`` and the fastest kept
+    auto``, every candidate (:class:`_Choices`) is made, scored at ``size`` and the fastest kept
     (``default``: a callable giving the default program, a candidate too where given)."""
     make_eval = make_eval or Simulations
     forced = method is not None
     method = method or choose_method(opts.method, opts.collective, topo.nranks, size)
     simulated = topo.nranks <= SIMULATE_MAX_RANKS
     sims = make_eval(topo, size, deadline)
-    compare = _compare_all(opts, method, forced, simulated, sims)
+    compare = _compare_all(opts, forced, simulated, sims)
     choices: list[Choice] = []
-    return _candidates(opts, topo, size, deadline, phase, method, sims, simulated, compare, choices, default)
-
-
-def _candidates(opts, topo, size: int, deadline: float, phase, method: str, sims, simulated: bool, compare: bool,
-                choices: list, default=None):
-    """The selection of one size (:class:`_Choices`, synthesis's one selection loop): ``(result,
-    fraction, bound, tried, sims, simulated, choices)`` of the fastest candidate."""
     loop = _Choices(opts, topo, size, deadline, phase, method, sims, simulated, compare, choices, default)
     loop.run()
     best = ranked(choices)
