@@ -5,12 +5,17 @@ simulator, :class:`Simulations`, is the one ``hccc synth`` and :func:`hccc.synth
 Stages, in order, per size (docs/architecture.md, *Synthesis*):
 
 1. **method**: ``auto`` resolves by the buffer per rank (:func:`choose_method`);
-2. **make**: the tree packing or the step search (:func:`hccc.compiler.synth.synthesize`), its
-   candidates scored by the evaluator (:func:`tree_simulated_score`, :func:`simulated_score`);
+2. **make**: one selection loop (:class:`_Choices`, the
+   :class:`~hccc.compiler.synth.selection.SelectionLoop` the tree packing's own choice runs too):
+   the tree packing or the step search (:func:`hccc.compiler.synth.synthesize`), its candidates
+   scored by the evaluator (:func:`tree_simulated_score`, :func:`simulated_score`), and under
+   ``auto`` every other candidate: the trees first where the search was picked, hccc's generators
+   that fit the cluster (:mod:`hccc.compiler.synth.classic`), the default program where a size
+   was given, the search (greedy beside programs in hand; after trees that fall short of
+   :data:`~hccc.compiler.synth.plan.AUTO_SEARCH_BELOW`);
 3. **fit**: channels (:func:`_fit_channels`) and slices (:func:`_thin_slices`) by the evaluator;
-4. **compare**: under ``auto`` the search where the trees fall short of
-   :data:`~hccc.compiler.synth.plan.AUTO_SEARCH_BELOW`, and the default program where a size was
-   given, all timed by the same evaluator, the fastest kept; ``--for`` keeps only what that engine
+4. **compare**: every candidate timed by the same evaluator at the size asked, the fastest kept
+   (:func:`ranked`), the runner-up and its ratio reported; ``--for`` keeps only what that engine
    exports (:mod:`hccc.synth_engines`);
 5. **emit**: the choices as a :class:`~hccc.compiler.synth.plan.SynthPlan`, the text by
    :func:`hccc.compiler.synth.emit.to_rccl`.
@@ -30,6 +35,7 @@ from hccc.util.limits import printable
 from hccc.util.plural import plural
 from hccc.util.sizes import format_size
 from hccc.compiler.synth.plan import SynthOptions, SynthPlan
+from hccc.compiler.synth.selection import SelectionLoop
 
 #: ``--method auto`` packs trees from this many bytes per rank (the bandwidth regime: chunks large
 #: enough to pipeline); below it the step search, whose few rounds pay fewer latencies
@@ -38,6 +44,18 @@ TREES_MIN_PER_RANK = 256 << 10
 #: least this many seconds): on large clusters it rarely comes near the trees, and it must not
 #: multiply the command's time for that
 AUTO_SEARCH_LEAST_S = 2.0
+#: where ``auto`` picks the step search (the latency regime) and the tree packing builds the
+#: collective, the trees' program is made first within this share of the time left, the rest left
+#: to the generators' programs and the greedy search: on four 8-GPU A100 nodes at 64 KiB
+#: (AllReduce) the packing's program is made in 2-9 s (1.6 s on an idle machine) and runs at
+#: 12.7 us, where the search given the whole 30 s limit ran into it and wrote 32.2 us
+TREES_BESIDE_SHARE = 0.5
+#: how candidates are compared: the simulated time at the size asked (``--size``, else
+#: ``--select-size``) alone, the fastest kept; the report gives every other's ratio to it
+SCORE_RULE = "the simulated time at the size asked"
+#: ``phase_seconds``' name for the time the default program (a candidate of every ``--size``
+#: that differs from ``--select-size``) took to make, before the sizes' selections
+DEFAULT_MADE = "default program"
 #: the share of the time left that an AllReduce's report gives the packing LP of each half's bound
 #: where no tree packing computed it (:meth:`Simulations.optimum_seconds`)
 OPTIMUM_SHARE = 0.125
@@ -211,16 +229,23 @@ def synthesize_programs(topo, opts: SynthOptions, *, deadline: clock.Deadline | 
 
     def default():
         if not made:
-            until = clock.now() + max(0.0, deadline.left()) / len(sizes)
+            until = clock.now() + max(0.0, deadline.left()) / shares
             made.append(_select(opts, topo, opts.select_size, until, _QuietPhase(), None, make_eval)[0])
         return made[0]
 
+    made_s = 0.0
+    if needs_default:
+        t0 = clock.now()
+        default()       # first, in its share: each size's selection then has its own share whole
+        made_s = clock.now() - t0
     programs = []
     for i, size in enumerate(sizes):
         # every program its share of the time left
-        share = max(0.0, deadline.left()) / (shares - i if needs_default and not made else len(sizes) - i)
+        share = max(0.0, deadline.left()) / (len(sizes) - i)
         programs.append(_program(opts, topo, size, clock.now() + share, phases,
                                  default if needs_default else None, make_eval))
+    if needs_default:       # where that time went: said with the first program's phases
+        programs[0].summary["phase_seconds"][DEFAULT_MADE] = round(made_s, 3)
     return programs
 
 
@@ -425,28 +450,174 @@ class _QuietPhase:
         pass
 
 
-def _select(opts, topo, size: int, deadline: float, phase, method: str | None = None, make_eval=None):
-    """The program for ``size`` (``method``: the one :func:`choose_method` picks unless given),
-    chosen by the simulator: ``(result, fraction, bound, tried, sims, simulated)``."""
-    from hccc.compiler.synth import synthesize
+@dataclass
+class Choice:
+    """One candidate of a size's selection (:func:`_select`): its name (``trees``, ``search``, a
+    classic generator of :mod:`hccc.compiler.synth.classic`, ``default``), the program, its
+    simulated fraction of the bound at the size (None: not scored), the work-clock seconds it took
+    to make and score, and why it was dropped (None: it was scored)."""
 
+    name: str
+    result: object
+    fraction: float | None
+    seconds: float = 0.0
+    dropped: str | None = None
+
+    def as_dict(self, best: float | None) -> dict:
+        """The report's row: ``ratio`` is this candidate's simulated time over the best one's."""
+        return {"candidate": self.name, "fraction_of_bound": self.fraction, "seconds": round(self.seconds, 3),
+                "ratio": (best / self.fraction) if best and self.fraction else None, "dropped": self.dropped}
+
+
+def ranked(choices: list) -> list:
+    """The scored choices, fastest first (ties: the one made first): the selection's one rule,
+    the asked size's simulated time alone (:data:`SCORE_RULE`)."""
+    scored = [(i, c) for i, c in enumerate(choices) if c.fraction is not None]
+    return [c for _, c in sorted(scored, key=lambda ic: (-ic[1].fraction, ic[0]))]
+
+
+def _compare_all(opts, forced: bool, simulated: bool, sims) -> bool:
+    """Whether the selection compares every candidate (``--method auto``, the simulator there to
+    time them) or keeps the method's program."""
+    return opts.method == "auto" and not forced and simulated and opts.sim_select and sims.available
+
+
+def _trees_fit(collective: str, nranks: int) -> bool:
+    from hccc.compiler.synth.broadcast_trees import MAX_RANKS as BROADCAST_TREE_RANKS
+    from hccc.compiler.synth.trees import TREE_COLLECTIVES
+    return collective in TREE_COLLECTIVES and nranks > 1 and not (collective == "broadcast"
+                                                                 and nranks > BROADCAST_TREE_RANKS)
+
+
+def _select(opts, topo, size: int, deadline: float, phase, method: str | None = None, make_eval=None,
+            default=None):
+    """The program for ``size`` chosen by the simulator: ``(result, fraction, bound, tried, sims,
+    simulated, choices)``. ``method`` given: that method's program alone; else, under ``--method
+    auto``, every candidate (:class:`_Choices`) is made, scored at ``size`` and the fastest kept
+    (``default``: a callable giving the default program, a candidate too where given)."""
     make_eval = make_eval or Simulations
+    forced = method is not None
     method = method or choose_method(opts.method, opts.collective, topo.nranks, size)
     simulated = topo.nranks <= SIMULATE_MAX_RANKS
     sims = make_eval(topo, size, deadline)
-    def progress(event: str, info: dict) -> None:
-        phase.update(describe_event(event, info))
+    compare = _compare_all(opts, forced, simulated, sims)
+    choices: list[Choice] = []
+    loop = _Choices(opts, topo, size, deadline, phase, method, sims, simulated, compare, choices, default)
+    loop.run()
+    best = ranked(choices)
+    kept = best[0] if best else next(c for c in choices if c.result is not None)
+    # the methods tried (a job the deadline left unmade was not tried: the selection lists it)
+    tried = {c.name: c.fraction for c in choices if c.name in ("trees", "search", "default")
+             and not (c.dropped or "").startswith("not made")}
+    return kept.result, kept.fraction, loop.bound, tried, sims, simulated, choices
 
-    def make(how: str, until: float = deadline, smt: bool = opts.smt, ceiling: float | None = None,
-             known_bound: float | None = None):
-        sim = opts.sim_select and simulated
+
+class _Choices(SelectionLoop):
+    """``hccc synth``'s choice among every program it could write at one size, as synthesis's
+    selection loop (:class:`hccc.compiler.synth.selection.SelectionLoop`; the tree packing's own
+    choice among its programs is the same loop, :class:`hccc.compiler.synth.forest._Selection`):
+    each job makes a candidate (:class:`Choice`), scored by ``sims`` at ``size`` (channels fitted,
+    smaller slices where they gain); the fastest is kept (:func:`ranked`).
+
+    Jobs, in order: the tree packing where it builds the collective and ``auto`` picked the search
+    (first: its program is the one to beat, made in seconds, within :data:`TREES_BESIDE_SHARE` of
+    the time left), the method's program, the classic generators that fit the cluster (each a job
+    of its own), the default program (what ``hccc synth`` writes without ``--size``, where
+    ``default`` gives it), and the step search: beside programs in hand, greedy only (bounded by
+    its own work, so the same on every machine: it must not take the whole limit from programs
+    already made, as z3's deadline-bound repairs would); after a tree program only where the best
+    program reaches less than ``auto_search_below`` of the least time. A job runs while the
+    deadline leaves time; those it leaves are listed as not made."""
+
+    def __init__(self, opts, topo, size: int, deadline: float, phase, method: str, sims, simulated: bool,
+                 compare: bool, choices: list, default=None):
+        self.opts, self.topo, self.size, self.phase, self.method = opts, topo, size, phase, method
+        self.sims, self.simulated, self.compare, self.default = sims, simulated, compare, default
+        self.bound: dict | None = None
+        trees_first = compare and method == "search" and _trees_fit(opts.collective, topo.nranks)
+        jobs = [("trees first",)] if trees_first else []
+        jobs.append(("method",))
+        if compare:
+            jobs += [("classics",)] + ([("default",)] if default is not None else []) + [("search",)]
+        super().__init__(jobs, deadline)
+        self.candidates = choices
+
+    # ------------------------------------------------------------ the loop's parts
+    def affordable(self, job) -> bool:
+        return self.sims.time_left > 0
+
+    def cut(self, not_run: int, total: int) -> None:
+        for job in self.queue:
+            if job[0] == "classic":
+                self.candidates.append(Choice(job[1], job[2], None, 0.0, "not simulated: time limit"))
+            elif job[0] in ("classics", "default", "search"):     # classics: hccc's generators, none made
+                self.candidates.append(Choice(job[0], None, None, 0.0, "not made: time limit"))
+
+    def step(self, job) -> None:
+        t0 = clock.now()
+        kind = job[0]
+        if kind == "trees first":
+            # the latency regime: the trees' program first, in a share of the time
+            self.phase.update("packing trees first: the program the step search must beat")
+            try:
+                self._first("trees", clock.now() + max(0.0, self.deadline - clock.now()) * TREES_BESIDE_SHARE, t0)
+            except CompileError as exc:
+                self.candidates.append(Choice("trees", None, None, clock.now() - t0, str(exc).splitlines()[0]))
+        elif kind == "method":
+            if not any(c.fraction is not None or c.result is not None for c in self.candidates):
+                self._first(self.method, self.deadline, t0)
+            # else the trees came first in the latency regime: the search is its own job, bounded
+        elif kind == "classics":
+            self._classics()
+        elif kind == "classic":
+            choice = Choice(job[1], job[2], None)
+            self._score(choice, thin=False)
+            choice.seconds = clock.now() - t0
+            self.candidates.append(choice)
+        elif kind == "default":
+            # the choice by size is never worse than the default program: it is a candidate,
+            # compared in the same simulator at this size
+            self.phase.update("simulating the default program at this size")
+            same = self._same_as(self.default())
+            if same is not None:        # made here already (the packing gave the same program)
+                self.candidates.append(Choice("default", None, None, clock.now() - t0,
+                                              f"the same program as the {same} candidate"))
+                self.build_s = max(self.build_s, clock.now() - t0)
+                return
+            fd, d = _default_fraction(self.opts, self.topo, self.size, self.sims, self.bound, self.default())
+            self.candidates.append(Choice("default", d if d is not None else self.default(), fd, clock.now() - t0,
+                                          None if fd is not None else "not simulated: time limit"))
+        elif kind == "search":
+            self._search(t0)
+        self.build_s = max(self.build_s, clock.now() - t0)
+
+    # ------------------------------------------------------------ the candidates
+    def _same_as(self, result) -> str | None:
+        """The name of a candidate made already whose program is ``result``'s (its transfers,
+        chunks, warps and slices), or None."""
+        if not hasattr(self.sims, "_key"):      # an evaluator that does not key programs
+            return None
+        key = self.sims._key(result)
+        return next((c.name for c in self.candidates if c.result is not None and self.sims._key(c.result) == key),
+                    None)
+
+    def _make(self, how: str, until: float, smt: bool | None = None, ceiling: float | None = None,
+              known_bound: float | None = None):
+        from hccc.compiler.synth import synthesize
+
+        opts, topo, size, sims = self.opts, self.topo, self.size, self.sims
+        sim = opts.sim_select and self.simulated
         score = None if not sim or opts.variants == 1 or how == "trees" else simulated_score(
             topo, size, root=opts.root, chunks_per_rank=(opts.chunks_per_rank or 1), deadline=until, ceiling=ceiling)
+
+        def progress(event: str, info: dict) -> None:
+            self.phase.update(describe_event(event, info))
+
         try:
             return synthesize(topo, opts.collective, root=opts.root, chunks_per_rank=(opts.chunks_per_rank or 1),
                               time_limit=max(1e-3, until - clock.now()), progress=progress,
-                              pod_ranks=opts.pod_size, use_smt=smt, variants=opts.variants,
-                              score=score, bandwidth_bound_bytes=size, method=how,
+                              pod_ranks=opts.pod_size, use_smt=opts.smt if smt is None else smt,
+                              variants=opts.variants, score=score, bandwidth_bound_bytes=size, method=how,
                               tree_score=tree_simulated_score(sims) if sim and how == "trees" else None,
                               known_bound_seconds=known_bound)
         except ValueError as exc:
@@ -456,50 +627,87 @@ def _select(opts, topo, size: int, deadline: float, phase, method: str | None = 
             getattr(sims, "drop_ahead", lambda: None)()
             getattr(sims, "drop_guesses", lambda: None)()
 
-    made_at = clock.now()
-    result = make(method)
-    made_s = clock.now() - made_at
-    bound = _bandwidth_bound(result, size)
-    if opts.collective == "allreduce":
-        bound.update(_allreduce_bounds(sims, result))
-    if simulated:
-        phase.update("fitting channels and simulating the program")
-        _fit_channels(result, topo, size, sims)
-    else:
-        _cap_channels(result, topo)
-    fraction = _simulated_fraction(result, sims, bound["seconds"]) if simulated else None
-    fraction = _thin_slices(result, sims, bound, fraction, phase)
-    tried = {method: fraction}
-    # the fraction of the least time any program needs (AllReduce: of the larger of its bound
-    # for any schedule and RS + AG's optimum): below it, the search may gain
-    reach = None if fraction is None else _reach(bound, fraction)
-    if opts.method == "auto" and method == "trees" and reach is not None and reach < opts.auto_search_below \
-            and sims.time_left > 0:
-        # the packing's program falls short in the simulator: the search too, the faster kept,
-        # leaving time to simulate the search's program as long as the tree program took, and
-        # searching half as long as the trees took to make; greedy only (its variants rated by
-        # the simulator): z3 shortens the schedule by steps, which at this size is not its time.
-        # A search program whose bytes over the capacities alone take the tree program's time
-        # cannot win: it is not simulated (nor are such variants)
-        phase.update("tree program below the bound in the simulator: trying the step search")
-        until = min(deadline - min(sims.time_left / 2, 3 * sims.longest_s),
-                    clock.now() + max(AUTO_SEARCH_LEAST_S, made_s / 2))
-        tree_s = bound["seconds"] / fraction
-        try:
-            # the bound is the trees' (the fractions compare with it): not computed again
-            other = make("search", until, smt=False, ceiling=tree_s, known_bound=bound["seconds"])
-        except CompileError:      # no search schedule within the limits: the trees stand
-            other = None
-        tried["search"] = None
-        if other is not None and sims.least_seconds(other) >= tree_s:
-            other = None
-        if other is not None:
-            _fit_channels(other, topo, size, sims)
-            f2 = tried["search"] = _simulated_fraction(other, sims, bound["seconds"])
-            f2 = tried["search"] = _thin_slices(other, sims, bound, f2, phase)
-            if f2 is not None and f2 > fraction:
-                result, fraction = other, f2
-    return result, fraction, bound, tried, sims, simulated
+    def _score(self, choice: Choice, thin: bool) -> None:
+        """``choice``'s program timed at ``size``: channels fitted, its fraction of the bound."""
+        res, bound, sims = choice.result, self.bound, self.sims
+        res.detail.setdefault("cut_bound_seconds", bound["seconds"])
+        if self.simulated:
+            self.phase.update(f"fitting channels and simulating the {choice.name} program")
+            _fit_channels(res, self.topo, self.size, sims)
+        else:
+            _cap_channels(res, self.topo)
+        f = _simulated_fraction(res, sims, bound["seconds"]) if self.simulated else None
+        choice.fraction = _thin_slices(res, sims, bound, f, self.phase) if thin else f
+        if choice.fraction is None and self.compare and self.candidates:
+            choice.dropped = "not simulated: " + ("time limit" if sims.stopped else sims.failed or "no time")
+
+    def _first(self, how: str, until: float, t0: float) -> None:
+        """The first program made: it sets the bound every fraction is taken of."""
+        res = self._make(how, until)
+        self.bound = bound = _bandwidth_bound(res, self.size)
+        if self.opts.collective == "allreduce":
+            bound.update(_allreduce_bounds(self.sims, res))
+        choice = Choice(how, res, None)
+        self._score(choice, thin=True)
+        choice.seconds = clock.now() - t0
+        self.candidates.append(choice)
+
+    def _classics(self) -> None:
+        """The classic generators that fit the cluster, each queued as a job of its own (next)."""
+        from hccc.compiler.synth.classic import classic_candidates
+
+        # the step bound the programs made proved (the search's, or the trees' distance bound)
+        lb = max((c.result.lower_bound_steps for c in self.candidates if c.result is not None), default=0)
+        got = classic_candidates(self.topo, self.opts.collective, self.opts.root, lb)
+        for name, why in got.dropped:
+            self.candidates.append(Choice(name, None, None, 0.0, why))
+        self.queue.extendleft(reversed([("classic", name, res) for name, res in got.made]))
+
+    def _search(self, t0: float) -> None:
+        """The step search beside the programs in hand (the latency regime: bounded), or after a
+        tree program that falls short of ``auto_search_below`` of the least time (greedy only)."""
+        opts, sims, bound = self.opts, self.sims, self.bound
+        best = ranked(self.candidates)
+        if self.method == "search":
+            # beside the programs in hand: greedy only (its variants rated by the simulator), a
+            # search bounded by its own work, not by seconds, so that every machine writes the
+            # same program (z3's repairs and shortening run until a deadline, which would take
+            # the whole limit from the programs in hand); the limit is the user's cap, leaving
+            # time to simulate the program as long as the longest simulation took
+            self.phase.update("the step search (greedy) beside the programs in hand")
+            until = self.deadline - min(sims.time_left / 2, 3 * sims.longest_s)
+            try:
+                other = self._make("search", until, smt=False, known_bound=bound["seconds"])
+            except CompileError as exc:
+                self.candidates.append(Choice("search", None, None, clock.now() - t0, str(exc).splitlines()[0]))
+                return
+            choice = Choice("search", other, None)
+            self._score(choice, thin=True)
+        else:
+            if not best or _reach(bound, best[0].fraction) >= opts.auto_search_below:
+                return
+            # the best program falls short in the simulator: the search too, leaving time to
+            # simulate its program as long as the longest simulation took, and searching half as
+            # long as the trees took to make; greedy only (its variants rated by the simulator):
+            # z3 shortens the schedule by steps, which at this size is not its time. A search
+            # program whose bytes over the capacities alone take the best program's time cannot
+            # win: it is not simulated (nor are such variants)
+            self.phase.update("best program below the bound in the simulator: trying the step search")
+            until = min(self.deadline - min(sims.time_left / 2, 3 * sims.longest_s),
+                        clock.now() + max(AUTO_SEARCH_LEAST_S, self.candidates[0].seconds / 2))
+            best_s = bound["seconds"] / best[0].fraction
+            try:
+                other = self._make("search", until, smt=False, ceiling=best_s, known_bound=bound["seconds"])
+            except CompileError as exc:      # no search schedule within the limits: the others stand
+                self.candidates.append(Choice("search", None, None, clock.now() - t0, str(exc).splitlines()[0]))
+                return
+            choice = Choice("search", other, None)
+            if sims.least_seconds(other) >= best_s:
+                choice.dropped = "its bytes over the link capacities alone take the best program's time"
+            else:
+                self._score(choice, thin=True)
+        choice.seconds = clock.now() - t0
+        self.candidates.append(choice)
 
 
 def _fit_engine(opts, topo, size: int, deadline: float, phase, result, sims, bound: dict, simulated: bool,
@@ -554,7 +762,6 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
 
     from hccc.compiler.synth.budget import closing_seconds, least_transfers
 
-    method = choose_method(opts.method, opts.collective, topo.nranks, size)
     title = f"{opts.collective} on {printable(str(opts.cluster_name))} ({plural(topo.nranks, 'GPU')})"
     if len(opts.sizes) > 1:
         title += f" for {format_size(size)}"
@@ -565,16 +772,9 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     started = clock.now()
     with phases(title, opts.time_limit if len(opts.sizes) <= 1 else round(max(0.0, deadline - clock.now()), 1)) \
             as phase:
-        result, fraction, bound, tried, sims, simulated = _select(opts, topo, size, deadline - closing, phase, method,
-                                                                  make_eval)
-        if default is not None and opts.method == "auto" and size != opts.select_size and simulated:
-            # the choice by size is never worse than the default program: it is a candidate,
-            # compared in the same simulator at this size
-            phase.update("simulating the default program at this size")
-            fd, d = _default_fraction(opts, topo, size, sims, bound, default())
-            tried["default"] = fd
-            if fd is not None and (fraction is None or fd > fraction):
-                result, fraction = d, fd
+        compare_default = default is not None and opts.method == "auto" and size != opts.select_size
+        result, fraction, bound, tried, sims, simulated, choices = _select(
+            opts, topo, size, deadline - closing, phase, None, make_eval, default if compare_default else None)
         if opts.engine:
             result, fraction = _fit_engine(opts, topo, size, deadline, phase, result, sims, bound, simulated,
                                            make_eval)
@@ -586,14 +786,43 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     check_on_topology(alg, topo)
     proven = clock.now()
     why, not_simulated, fitted, limit_cut, extra = _report(result, bound, fraction, sims, simulated)
+    selection = _selection_report(choices, result, fraction)
+    if selection["time_limit_cut"]:
+        extra.append(f"time limit: candidates not made or not simulated: {', '.join(selection['time_limit_cut'])}")
+    if selection["runner_up"] is not None and selection["kept"] is not None:
+        run = selection["runner_up"]
+        extra.append(f"kept the {selection['kept']} program, the fastest of {len(choices)} candidates in the "
+                     f"simulator at {size} bytes; runner-up: {run['candidate']}, {run['ratio']:.3f}x its time")
     text = to_rccl(result, topo, plan, cluster=opts.cluster_name, extra_comments=extra)
     # what each phase took (work clock), with the search's own phases where it reports them
     took = {"search": round(searched - started, 3), **(result.detail.get("phase_seconds") or {}),
             "proof": round(proven - searched, 3), "text": round(clock.now() - proven, 3),
             "closing_predicted": round(closing, 3)}
+    # where the selection's time went: each candidate made and scored, and the rest (the bounds,
+    # the engine's fit), adding up to it
+    for c in choices:
+        took[f"candidate {c.name}"] = round(took.get(f"candidate {c.name}", 0.0) + c.seconds, 3)
+    took["selection other"] = round(max(0.0, took["search"] - sum(v for k, v in took.items()
+                                                                  if k.startswith("candidate "))), 3)
     summary = _summary(result, size, bound, fraction, sims, simulated, tried, why, not_simulated, fitted,
                        limit_cut, took)
+    summary["selection"] = selection
     return Program(text, plan, summary, result, alg)
+
+
+def _selection_report(choices: list, result, fraction) -> dict:
+    """What ``--json`` says of the selection: its rule, every candidate (its fraction of the
+    bound, the seconds it took, its time's ratio to the kept one's, or why it was dropped), the
+    one kept, the candidates the time limit left unmade or unscored, and the runner-up with its
+    ratio (None where no other was scored)."""
+    kept = next((c for c in choices if c.result is result), None)
+    others = [c for c in ranked(choices) if c is not kept]
+    runner = others[0] if others else None
+    return {"rule": SCORE_RULE, "kept": kept.name if kept is not None else None,
+            "candidates": [c.as_dict(fraction) for c in choices],
+            "time_limit_cut": [c.name for c in choices if c.dropped and "time limit" in c.dropped],
+            "runner_up": None if runner is None else {"candidate": runner.name,
+                                                      "ratio": (fraction / runner.fraction) if fraction else None}}
 
 
 def _report(result, bound: dict, fraction, sims, simulated: bool):

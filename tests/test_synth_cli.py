@@ -145,15 +145,21 @@ def test_pod_size_must_match_the_cluster(topo, tmp_path, capsys):
 
 
 def test_size_range_writes_one_program_per_size_by_its_method(topo, tmp_path, capsys):
-    """Small messages go to the step search, large ones to the tree packing; each program says
-    which method made it and how much of the bound it reaches in the simulator."""
+    """Each size's program is the fastest of its candidates at that size (the tree packing, the
+    step search where ``auto`` picks it, hccc's generators that fit: at 4 KiB the all-pairs
+    program, one step, beats them all here); each says which method made it and how much of the
+    bound it reaches in the simulator."""
     out = tmp_path / "ag.rccl"
     assert main(["synth", str(topo), "--collective", "allgather", "--size", "4K,1G", "--time-limit", "10",
                  "-o", str(out), "--json"]) == 0
     progs = json.loads(capsys.readouterr().out)["programs"]
     assert [p["size"] for p in progs] == [4096, 1 << 30]
-    assert progs[0]["method"] == "search"
-    assert progs[1]["methods_tried"]["trees"] is not None and progs[1]["method"] in ("trees", "search")
+    assert {"trees", "search", "ring", "direct"} <= {c["candidate"] for c in progs[0]["selection"]["candidates"]}
+    assert progs[1]["methods_tried"]["trees"] is not None
+    for p in progs:
+        scored = [c for c in p["selection"]["candidates"] if c["fraction_of_bound"] is not None]
+        assert p["method"] == p["selection"]["kept"]
+        assert p["fraction_of_bound"] == max(c["fraction_of_bound"] for c in scored)
     for p in progs:
         text = Path(p["output"]).read_text()
         assert f"# method {p['method']}: simulated at {p['size']} bytes" in text
@@ -243,8 +249,12 @@ def test_auto_search_unsimulated_where_its_bytes_alone_outlast_the_trees(topo, t
     """A search program (or greedy variant) whose bytes over the link capacities already take the
     tree program's time (``least_time``, which no simulation beats: tests/test_simulator_oracle.py)
     cannot win, so ``--method auto`` does not simulate it: with every search program made to count
-    so, ``auto`` simulates what ``--method trees`` does and no more."""
+    so, ``auto`` simulates what ``--method trees`` does and no more (the generators' candidates,
+    simulated beside them, left out here)."""
     import hccc.runtime.simulator as simulator
+    from hccc.compiler.synth import classic
+
+    monkeypatch.setattr(classic, "classic_candidates", lambda *a, **k: classic.Classics())
 
     sims = []
     real = simulator.simulate_by

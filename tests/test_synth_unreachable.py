@@ -127,6 +127,10 @@ def test_alltoall_says_its_method(tmp_path, capsys):
     topo.write_text(_cluster([2, 2]))
     out = tmp_path / "a2a.rccl"
     assert main(["synth", str(topo), "--collective", "alltoall", "-o", str(out), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["method"] == "search"
+    s = json.loads(capsys.readouterr().out)
+    # auto: the fastest candidate (the step search's routing, or one of hccc's generators)
+    assert s["method"] == s["selection"]["kept"] and "search" in s["methods_tried"]
     assert main(["synth", str(topo), "--collective", "alltoall", "-o", str(out)]) == 0
+    assert f"alltoall on 4 GPUs by {s['method']}:" in capsys.readouterr().out
+    assert main(["synth", str(topo), "--collective", "alltoall", "--method", "search", "-o", str(out)]) == 0
     assert "alltoall on 4 GPUs by search:" in capsys.readouterr().out

@@ -262,10 +262,12 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, plan: SynthPlan |
     plan = plan or SynthPlan.of(result)
     h = header(result, topo, plan)
     name = _comment(cluster or result.cluster)
-    trees = plan.method == "trees"
+    from hccc.compiler.synth.classic import DESCRIPTIONS
+    made_by = ("bandwidth-optimal spanning-tree packing" if plan.method == "trees" else
+               "HeteCCL-style chunking, greedy + CEGIS with z3" if plan.method == "search" else
+               f"the fastest candidate: {DESCRIPTIONS.get(plan.method, plan.method)}")
     lines = [
-        "# Synthesised by hccc synth (" + ("bandwidth-optimal spanning-tree packing" if trees else
-                                         "HeteCCL-style chunking, greedy + CEGIS with z3") + ")",
+        f"# Synthesised by hccc synth ({made_by})",
         f"# cluster: {name} ({plural(result.nranks, 'GPU')}"
         + (f", {plural(len(topo.nodes), 'node')}: " + ", ".join(str(nd.ngpus) for nd in topo.nodes[:16])
            + (", ..." if len(topo.nodes) > 16 else "") if topo is not None else "") + ")",

@@ -56,7 +56,6 @@ simulated time of a program, lower is better) the best is kept, otherwise the fi
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -65,6 +64,7 @@ import numpy as np
 from hccc.compiler.frontend.algorithm import MAX_CHANNEL, RECV, RRC
 from hccc.compiler.synth.problem import Network
 from hccc.compiler.synth import trees as tr
+from hccc.compiler.synth.selection import SelectionLoop
 
 #: GB/s one block moves (the simulator's default per-block limit, :mod:`hccc.compiler.passes.channels`)
 from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS, block_gbps_at
@@ -842,21 +842,34 @@ class _Builder:
             st.net.nranks, st.max_blocks, st.resident)
 
 
-class _Selection:
-    """Stage 4: the loop that builds (and, with a ``score``, simulates) the programs of a queue of
-    jobs, best first, queueing further ones as the results ask (re-roundings to fewer chunks where
-    the blocks do not fit or a program falls short of its packing, an integral packing's LP
-    rounding), until the queue ends, no job can beat the best, or the deadline nears."""
+class _Selection(SelectionLoop):
+    """Stage 4: synthesis's selection loop (:class:`~.selection.SelectionLoop`) over the programs
+    of a queue of jobs, built (and, with a ``score``, simulated) best first, queueing further ones
+    as the results ask (re-roundings to fewer chunks where the blocks do not fit or a program falls
+    short of its packing, an integral packing's LP rounding), until the queue ends, no job can beat
+    the best, or the deadline nears (the first candidate always; another only where it can be
+    built well before the deadline, as long again for the caller's work on the program)."""
 
     def __init__(self, st: _Setting, builder: _Builder, variants: list, apart: PackSet | None,
                  later: _Later | None = None):
         self.st, self.builder, self.variants, self.apart, self.later = st, builder, variants, apart, later
-        self.candidates: list[Candidate] = []
+        super().__init__(self._jobs(variants), st.deadline)
         self.not_needed = 0            # candidates not built (or not simulated): they cannot beat the best
-        self.build_s = 0.0             # the longest a candidate took to build (and score)
-        self.queue = deque(self._jobs(variants))
 
-    # ------------------------------------------------------------ the loop
+    # ------------------------------------------------------------ the loop's parts
+    def pending(self) -> bool:
+        return self.later is not None
+
+    def complete(self) -> None:
+        self._complete()
+
+    def cut(self, not_run: int, total: int) -> None:
+        self.st.cut_by_limit.append(f"{not_run} of {total} candidate programs not built")
+
+    def finish(self) -> None:
+        if self.st.score is not None and all(not c.fits for c in self.candidates):
+            self._score_unfit()
+
     def _complete(self, overlap: Callable[[], None] | None = None) -> None:
         """The variants still to come (:class:`_Later`) made and queued after the others."""
         if self.later is not None:
@@ -876,25 +889,6 @@ class _Selection:
             self.st.score.prefetch(*program)
             self._complete(self.st.score.run_ahead)
         return self.st.score(*program)
-
-    def run(self) -> list[Candidate]:
-        done = 0
-        while self.queue or self.later is not None:
-            if not self.queue:
-                self._complete()
-            job = self.queue.popleft()
-            # the first candidate always; another only where it can be built well before the
-            # deadline (as long again for the caller's work on the program)
-            if self.candidates and clock.now() + 2 * self.build_s > self.st.deadline:
-                self._complete()
-                total = done + 1 + len(self.queue)
-                self.st.cut_by_limit.append(f"{total - done} of {total} candidate programs not built")
-                break
-            done += 1
-            self.step(job)
-        if self.st.score is not None and all(not c.fits for c in self.candidates):
-            self._score_unfit()
-        return self.candidates
 
     def _settled(self):
         return getattr(self.st.score, "settled", None)

@@ -22,6 +22,9 @@ search get their predicted time out of the limit (:mod:`hccc.compiler.synth.budg
 it (:mod:`hccc.timing`: start-up, synthesis, writing, and numba's compiling on a first run), also
 said on stderr. docs/synthesis.md: how channels are chosen.
 
+Under ``--method auto`` every program it could write is a candidate (the tree packing, the step
+search, hccc's generators that fit the cluster), timed by the simulator at the size; the fastest is
+written, and the report names the runner-up and its ratio (``"selection"`` in ``--json``).
 The command only reads its options, wires the simulator and a progress display into the selection
 loop (:func:`hccc.synth_select.synthesize_programs`) and writes what it returns:
 :func:`hccc.synthesize` with the same options returns the same bytes.
@@ -43,7 +46,8 @@ from hccc.compiler.backend.output_dir import check_output_file, write_text_atomi
 from hccc.util.limits import printable
 from hccc.compiler.synth.plan import AUTO_SEARCH_BELOW, COLLECTIVES, METHOD_CHOICES, SynthOptions
 # the selection lives in hccc.synth_select; its names stay importable from here
-from hccc.synth_select import (CHANNEL_STEPS, FIT_TOLERANCE, SIMULATE_MAX_RANKS, THIN_CHOOSE_MOST,  # noqa: F401
+from hccc.synth_select import (CHANNEL_STEPS, DEFAULT_MADE, FIT_TOLERANCE, SIMULATE_MAX_RANKS,  # noqa: F401
+                                        THIN_CHOOSE_MOST,
                                         THIN_GAIN, THIN_REACH, THIN_SLICES_BELOW, THIN_WHILE_CHOOSING,
                                         TREES_MIN_PER_RANK, Simulations, _fit_channels, choose_method,
                                         resident_channels, simulated_score, synthesize_programs,
@@ -85,8 +89,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="how the schedule is made: 'trees' (bandwidth-optimal spanning-tree packing; allgather, "
                         "reducescatter, allreduce, broadcast), 'search' (greedy + SMT/CEGIS step search), or 'auto': "
                         f"trees when the buffer gives every rank at least {TREES_MIN_PER_RANK >> 10} KiB (and the "
-                        f"search as well, the faster kept, when the simulator finds the tree program under "
-                        f"{AUTO_SEARCH_BELOW:g} of the bound), else search")
+                        f"search as well when the simulator finds the best program under {AUTO_SEARCH_BELOW:g} of "
+                        "the bound), else search beside the trees; hccc's generators that fit the cluster (ring, "
+                        "all pairs, recursive doubling, hierarchical, C2C on mixed vendors) are candidates too, "
+                        "and the fastest in the simulator at the size is written, the runner-up named")
     p.add_argument("--size", type=comma_list(parse_size, "sizes"), default=None, metavar="BYTES[,BYTES...]",
                    help="message size(s) the program is made for (default: --select-size); with several sizes "
                         "one program per size is written, named ALGO_<size>.rccl, each by the method its size picks")
@@ -171,7 +177,13 @@ def _say(p, summary: dict, out: Path) -> None:
     shape = (f"{plural(result.chunks_per_rank, 'chunk')} per rank, {plural(summary['channels'], 'channel')}"
              + (f" (not fitted: {why})" if why else "")
              + ("" if p.plan.slicing.is_default else f", slices of at least {format_size(p.plan.slicing.min_slice)}")
-             if summary["method"] == "trees" else f"lower bound {result.lower_bound_steps}, {gap}")
+             if summary["method"] != "search" else f"lower bound {result.lower_bound_steps}, {gap}")
+    selection = summary.get("selection") or {}
+    run = selection.get("runner_up")
+    if run is not None and run["ratio"] is not None:
+        frac += f"; runner-up {run['candidate']} at {run['ratio']:.3f}x its time"
+    if selection.get("time_limit_cut"):
+        frac += f"; time limit: {plural(len(selection['time_limit_cut']), 'candidate')} not scored"
     print(f"hccc synth: {result.collective} on {plural(result.nranks, 'GPU')} by {summary['method']}: {result.steps} steps "
           f"({shape}), {result.ntransfers} transfers{frac}"
           f"{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
@@ -190,8 +202,10 @@ def _say_time(programs, took: dict) -> None:
         if not phases:
             continue
         inner = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in phases.items()
-                          if k not in ("search", "proof", "text", "closing_predicted"))
+                          if k not in ("search", "proof", "text", "closing_predicted", DEFAULT_MADE))
         print(f"hccc synth: synthesis of {p.result.collective}"
               + (f" for {format_size(p.plan.size)}" if len(programs) > 1 else "")
               + f": search and simulations {phases['search']:.2f} s" + (f" ({inner})" if inner else "")
-              + f", proof {phases['proof']:.2f} s, text {phases['text']:.2f} s", file=sys.stderr)
+              + f", proof {phases['proof']:.2f} s, text {phases['text']:.2f} s"
+              + (f"; before it, the default program (a candidate) {phases[DEFAULT_MADE]:.2f} s"
+                 if DEFAULT_MADE in phases else ""), file=sys.stderr)
