@@ -8,7 +8,10 @@
   built from a program's own columns, for random valid programs;
 - no second copy of a cost: the slice policy, channels and the simulator read the model's;
 - ``--recorded --json``: its schema, and every row within 30 % or named unexplained with a
-  hypothesis (and none named that is explained).
+  hypothesis (and none named that is explained);
+- bytes in flight per block against the vectors the emitted ``hccc_prims.h`` defines (parsed from
+  the rendered header), the round trip derived from the fifth run, the prediction at the v4 shape
+  giving back the measured rate, and ``benchmarks/bytes_in_flight.py`` (its rows and its refusals).
 """
 from __future__ import annotations
 
@@ -479,3 +482,61 @@ def test_one_rank_per_gpu_launches_the_busiest_ranks_blocks_and_shares_the_hbm(n
     assert one.launch == pytest.approx(c.launch_seconds(int(ir.ntbs.sum())))
     assert per.launch == pytest.approx(c.launch_seconds(int(ir.ntbs.max())))
     assert per.hbm == pytest.approx(one.hbm / n) and per.path == one.path
+
+
+# ----------------------------------------------------------------------------- bytes in flight
+def _rendered_loads() -> dict[str, int]:
+    """HCCC_LOADS, HCCC_LOADS_REDUCE, HCCC_LOADS_SCALE as the emitted hccc_prims.h defines them."""
+    from hccc.compiler.backend import codegen
+    text = codegen._template_env().get_template("common/hccc_prims.h.j2").render(
+        version="t", nslots=8, dtypes=codegen.DTYPES, ops=codegen.REDOPS)
+    got = dict(re.findall(r"^#define (HCCC_LOADS(?:_REDUCE|_SCALE)?) (\d+)$", text, flags=re.M))
+    assert set(got) == {"HCCC_LOADS", "HCCC_LOADS_REDUCE", "HCCC_LOADS_SCALE"}, got
+    return {k: int(v) for k, v in got.items()}
+
+
+@given(st.integers(2, 32))
+def test_bytes_in_flight_count_the_emitted_engines_vectors(warps):
+    """Every warp but the sync warp, 32 threads, the header's vectors a source, 16 B a vector."""
+    d = _rendered_loads()
+    data_threads = (warps - 1) * 32
+    assert kc.block_bytes_in_flight(warps) == data_threads * d["HCCC_LOADS"] * 16
+    assert kc.block_bytes_in_flight(warps, True) == data_threads * d["HCCC_LOADS_REDUCE"] * 2 * 16
+    assert kc.block_bytes_per_round(warps) == data_threads * d["HCCC_LOADS"] * 16
+    assert kc.block_bytes_per_round(warps, True) == data_threads * d["HCCC_LOADS_REDUCE"] * 16
+    assert kc.block_bytes_in_flight(warps, warp=64) == 2 * kc.block_bytes_in_flight(warps)   # wavefronts of 64
+    assert kc.block_bytes_per_round(warps + 1) > kc.block_bytes_per_round(warps)
+
+
+def test_bytes_in_flight_hand_derived():
+    """The issue's figures: 16 warps move 60 KiB a round copying, 30 KiB reducing (60 KiB of
+    loads); a one-warp block's 31 data lanes one vector each."""
+    assert kc.block_bytes_in_flight(16) == 60 * KiB and kc.block_bytes_per_round(16) == 60 * KiB
+    assert kc.block_bytes_in_flight(16, True) == 60 * KiB and kc.block_bytes_per_round(16, True) == 30 * KiB
+    assert kc.block_bytes_in_flight(1) == 31 * 16 and kc.block_bytes_in_flight(1, True) == 2 * 31 * 16
+
+
+def test_round_trip_is_the_fifth_runs_rate_at_the_v4_shape():
+    """1.25 us: 61,440 B over the fifth run's 16-warp copy slope; the prediction at that shape gives
+    the measured rate back, and it grows with the bytes of a round."""
+    u = _runs()["fifth"]["units"]
+    t256, t512 = (k * KiB / (g * 1e9) for k, g in zip((256, 512), u["copy_gbs"]["16"][3:]))
+    assert kc.LOAD_ROUND_TRIP_SECONDS == pytest.approx(61440 * (t512 - t256) / (256 * KiB), rel=1e-12)
+    assert kc.LOAD_ROUND_TRIP_SECONDS == pytest.approx(1.25e-6, abs=0.01e-6)
+    assert kc.predicted_block_bytes_per_second(61440) == pytest.approx(kc.BLOCK_BYTES_PER_SECOND, rel=1e-12)
+    assert kc.predicted_block_bytes_per_second(2 * 61440) == pytest.approx(2 * kc.BLOCK_BYTES_PER_SECOND)
+
+
+def test_bytes_in_flight_script(capsys):
+    script = _script("bytes_in_flight")
+    assert script.main(["--warps", "4,16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["warps"], r["moves"]) for r in rows] == [(4, "copy"), (4, "reduce"), (16, "copy"), (16, "reduce")]
+    assert rows[2]["bytes_in_flight"] == 61440 and rows[3]["bytes_per_round"] == 30720
+    assert rows[2]["predicted_gbs"] == round(kc.BLOCK_BYTES_PER_SECOND / 1e9, 1)
+    assert script.main(["--warps", "16"]) == 0
+    assert "a prediction" in capsys.readouterr().out
+    for bad in ("x", "0", "33", ""):
+        assert script.main(["--warps", bad]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: --warps") and "Traceback" not in err
