@@ -10,8 +10,9 @@ may still override them (``-DHCCC_LOADS=...``) to study another shape.
 What sets them is the register budget (64 registers a thread: two 512-thread blocks per SM,
 ``tests/test_kernel_registers.py``), read from ``ptxas -v`` at sm_90 (nvcc 13.0) for ring
 AllReduce 8 float32 sum and HM AllReduce 4x8 bfloat16 max, system and single-GPU builds: the
-values below spill nothing; one vector more spills in every one of those builds (a copy of 9
-vectors: 24 bytes of spill stores; a reduction of 5 or 6 vectors a source: 12; a copy of 12: 76).
+values below spill nothing; one vector more spills in every one of those builds (spill stores of
+``hccc_run``: a copy of 9 vectors 24 bytes, of 10 44, of 12 76; a reduction of 5 vectors a source
+8 bytes, of 6 12).
 So the registers hold at most these many bytes in flight a thread, and a block's bytes in flight
 grow only with its data warps (docs/kernel-protocol.md, "Bytes in flight").
 """
@@ -27,13 +28,34 @@ LOADS_REDUCE = 4
 #: reductions, int64 products): ptxas -v spills four vectors a source of these
 LOADS_SCALE = 2
 
-__all__ = ["VECTOR_BYTES", "LOADS", "LOADS_REDUCE", "LOADS_SCALE", "vectors_per_source"]
+#: vectors a data thread loads into shared memory besides its registers' (a copy's; a reduction
+#: takes half of them from each source), on platforms that load without holding a register (CUDA
+#: sm_80 and later: cp.async; the CPU emulation): bytes in flight the register budget does not
+#: bound. Two, so that their buffer (:data:`ASYNC_THREADS` x 2 x 16 B = 15 KiB, plus the block's
+#: 2,032 bytes of state and the 1 KiB an SM reserves a block) leaves ten blocks on an H200's SM
+#: (228 KiB): as many as the registers allow the runtime's smallest blocks of 96 threads; three
+#: would leave eight.
+ASYNC_VECTORS = 2
+#: data threads the shared-memory buffer has room for: a 512-thread block's (the kernels as
+#: emitted); a block of more moves without those loads (the runtime's modules define the emitted
+#: block's own, so a smaller block pays no more shared memory than it uses)
+ASYNC_THREADS = 480
+
+__all__ = ["VECTOR_BYTES", "LOADS", "LOADS_REDUCE", "LOADS_SCALE", "ASYNC_VECTORS", "ASYNC_THREADS",
+           "vectors_per_source", "async_threads"]
 
 
-def vectors_per_source(reduces: bool, scaled: bool = False) -> int:
+def async_threads(block_threads: int, warp: int) -> int:
+    """Data threads the shared-memory buffer of a module whose blocks are emitted with
+    ``block_threads`` threads holds (``HCCC_ASYNC_THREADS``): its data threads (every warp but the
+    sync warp), at most :data:`ASYNC_THREADS`; 0 for a one-warp block (no whole data warp)."""
+    return max(0, min(ASYNC_THREADS, int(block_threads) - int(warp)))
+
+
+def vectors_per_source(reduces: bool, scaled: bool = False, async_loads: bool = False) -> int:
     """Vectors a data thread loads from each source before its first store: :data:`LOADS` for a
     copy, :data:`LOADS_REDUCE` for a reduction, :data:`LOADS_SCALE` for a scaled piece (as
-    ``hccc_vectors`` picks its unroll)."""
-    if scaled:
-        return LOADS_SCALE
-    return LOADS_REDUCE if reduces else LOADS
+    ``hccc_vblocks`` picks its unroll); with ``async_loads`` the shared-memory ones too
+    (:data:`ASYNC_VECTORS`, half of them a source of a reduction)."""
+    regs = LOADS_SCALE if scaled else LOADS_REDUCE if reduces else LOADS
+    return regs + ((ASYNC_VECTORS // 2 if reduces else ASYNC_VECTORS) if async_loads else 0)

@@ -40,7 +40,8 @@ kernel generation's unit-level figures on one card:
 **Bytes in flight** (:func:`block_bytes_in_flight`, :func:`block_bytes_per_round`): what one
 block's copy engine has loaded and not yet stored, counted from the engine's structure
 (:mod:`hccc.compiler.backend.engine_shape`: the vectors a data thread loads before its first
-store; every warp but the sync warp moves data), not measured. With the round trip the fifth run's
+store, in registers and, on CUDA sm_80 and later, through shared memory; every warp but the sync
+warp moves data), not measured. With the round trip the fifth run's
 copy rate implies for the v4 engine by Little's law (:data:`LOAD_ROUND_TRIP_SECONDS`), a block's
 bytes moved per round give :func:`predicted_block_bytes_per_second`: a prediction for another
 engine shape, which no run has measured.
@@ -63,7 +64,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hccc.compiler.backend.engine_shape import VECTOR_BYTES, vectors_per_source
+from hccc.compiler.backend.engine_shape import ASYNC_THREADS, VECTOR_BYTES, vectors_per_source
 from hccc.compiler.ir.program_ir import Op
 
 __all__ = ["UNIT_WARPS", "UNIT_US", "COPY_UNIT_KIB", "COPY_GBS", "FLAG_ROUND_TRIP_US", "LL_DATA_FRACTION",
@@ -271,38 +272,44 @@ def block_gbps_at(block_gbps: float, nwarps: int) -> float:
 # ---------------------------------------------------------------------------------------------
 # bytes in flight: the engine's structure (hccc.compiler.backend.engine_shape), not a measurement
 # ---------------------------------------------------------------------------------------------
-def _data_threads_and_vectors(warps: int, reduces: bool, warp: int) -> tuple[int, int]:
+def _data_threads_and_vectors(warps: int, reduces: bool, warp: int, async_loads: bool) -> tuple[int, int]:
     """(data threads, vectors each loads from one source before its first store) of a block of
-    ``warps`` warps: every warp but the sync warp, each thread the engine's unrolled body; a
-    one-warp block's lanes but the sync lane, one vector each (``hccc_vectors`` has no whole warp
-    of data threads there: every vector is remainder, one a thread)."""
+    ``warps`` warps: every warp but the sync warp, each thread the engine's unrolled body, and with
+    ``async_loads`` its shared-memory vectors too where the buffer has room for every data thread
+    (``engine_shape.ASYNC_THREADS``); a one-warp block's lanes but the sync lane, one vector each
+    (``hccc_vblocks`` has no whole warp of data threads there: every vector is remainder, one a
+    thread)."""
     w = max(1, int(warps))
     if w == 1:
         return int(warp) - 1, 1
-    return (w - 1) * int(warp), vectors_per_source(reduces)
+    threads = (w - 1) * int(warp)
+    return threads, vectors_per_source(reduces, async_loads=async_loads and threads <= ASYNC_THREADS)
 
 
-def block_bytes_in_flight(warps: int, reduces: bool = False, *, warp: int = 32) -> int:
+def block_bytes_in_flight(warps: int, reduces: bool = False, *, warp: int = 32, async_loads: bool = True) -> int:
     """Bytes of loads one block of ``warps`` warps has in flight at once in its copy engine: data
-    threads x vectors a source x sources (two when it reduces) x 16 B (a structure; 16 warps:
-    15 x 32 x 8 x 16 = 61,440 B copying, 15 x 32 x 4 x 2 x 16 = 61,440 B reducing)."""
-    threads, vectors = _data_threads_and_vectors(warps, reduces, warp)
+    threads x vectors a source x sources (two when it reduces) x 16 B (a structure). ``async_loads``:
+    the engine as built on CUDA sm_80 and later, whose data threads also load
+    ``engine_shape.ASYNC_VECTORS`` vectors through shared memory (16 warps: 15 x 32 x 10 x 16 =
+    76,800 B copying, 15 x 32 x 5 x 2 x 16 reducing); without (the v4 engine, HIP): 61,440 B both."""
+    threads, vectors = _data_threads_and_vectors(warps, reduces, warp, async_loads)
     return threads * vectors * (2 if reduces else 1) * VECTOR_BYTES
 
 
-def block_bytes_per_round(warps: int, reduces: bool = False, *, warp: int = 32) -> int:
+def block_bytes_per_round(warps: int, reduces: bool = False, *, warp: int = 32, async_loads: bool = True) -> int:
     """Bytes one block stores per round of its loads (one round trip): data threads x vectors a
-    source x 16 B (16 warps: 61,440 B copying, 30,720 B reducing: a reduction loads two sources
-    into the same registers)."""
-    threads, vectors = _data_threads_and_vectors(warps, reduces, warp)
+    source x 16 B (16 warps: 76,800 B copying, 38,400 B reducing, a reduction loading two sources;
+    without ``async_loads`` 61,440 and 30,720 B)."""
+    threads, vectors = _data_threads_and_vectors(warps, reduces, warp, async_loads)
     return threads * vectors * VECTOR_BYTES
 
 
 #: The round trip of one round of loads, seconds, that the fifth run's copy rate implies by
 #: Little's law: the v4 engine's bytes per round at :data:`BLOCK_GBPS_WARPS` warps (61,440 B, a
-#: structure) over its measured copy rate on long units (:data:`BLOCK_BYTES_PER_SECOND`, 49.3
-#: GB/s): 1.25 us. A derived figure: it folds in whatever else a round of the copy loop waits for.
-LOAD_ROUND_TRIP_SECONDS = block_bytes_per_round(BLOCK_GBPS_WARPS) / BLOCK_BYTES_PER_SECOND
+#: structure: registers only) over its measured copy rate on long units
+#: (:data:`BLOCK_BYTES_PER_SECOND`, 49.3 GB/s): 1.25 us. A derived figure: it folds in whatever
+#: else a round of the copy loop waits for.
+LOAD_ROUND_TRIP_SECONDS = block_bytes_per_round(BLOCK_GBPS_WARPS, async_loads=False) / BLOCK_BYTES_PER_SECOND
 
 
 def predicted_block_bytes_per_second(bytes_per_round: float) -> float:
