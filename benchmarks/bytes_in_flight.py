@@ -5,7 +5,7 @@ warps and by what it moves, counted from the engine's structure (no GPU).
 
 For each block size, for a copy and a two-source reduction, and for the engine before and after
 the shared-memory loads (``v4``: the engine the fifth GPU run measured, every vector in registers;
-``v5``: the engine built now, whose data threads on CUDA sm_80 and later also load
+``v5``: the engine built now, whose data threads on CUDA sm_90 also load
 ``engine_shape.ASYNC_VECTORS`` vectors through shared memory, cp.async, where the buffer has room
 for every data thread; HIP runs the v4 shape), from
 :func:`hccc.compiler.passes.kernel_cost.block_bytes_in_flight` and ``block_bytes_per_round``

@@ -30,7 +30,7 @@ LOADS_SCALE = 2
 
 #: vectors a data thread loads into shared memory besides its registers' (a copy's; a reduction
 #: takes half of them from each source), on platforms that load without holding a register (CUDA
-#: sm_80 and later: cp.async; the CPU emulation): bytes in flight the register budget does not
+#: sm_90: cp.async; the CPU emulation): bytes in flight the register budget does not
 #: bound. Two, so that their buffer (:data:`ASYNC_THREADS` x 2 x 16 B = 15 KiB, plus the block's
 #: 2,032 bytes of state and the 1 KiB an SM reserves a block) leaves ten blocks on an H200's SM
 #: (228 KiB): as many as the registers allow the runtime's smallest blocks of 96 threads; three

@@ -40,7 +40,7 @@ kernel generation's unit-level figures on one card:
 **Bytes in flight** (:func:`block_bytes_in_flight`, :func:`block_bytes_per_round`): what one
 block's copy engine has loaded and not yet stored, counted from the engine's structure
 (:mod:`hccc.compiler.backend.engine_shape`: the vectors a data thread loads before its first
-store, in registers and, on CUDA sm_80 and later, through shared memory; every warp but the sync
+store, in registers and, on CUDA sm_90, through shared memory; every warp but the sync
 warp moves data), not measured. With the round trip the fifth run's
 copy rate implies for the v4 engine by Little's law (:data:`LOAD_ROUND_TRIP_SECONDS`), a block's
 bytes moved per round give :func:`predicted_block_bytes_per_second`: a prediction for another
@@ -289,7 +289,7 @@ def _data_threads_and_vectors(warps: int, reduces: bool, warp: int, async_loads:
 def block_bytes_in_flight(warps: int, reduces: bool = False, *, warp: int = 32, async_loads: bool = True) -> int:
     """Bytes of loads one block of ``warps`` warps has in flight at once in its copy engine: data
     threads x vectors a source x sources (two when it reduces) x 16 B (a structure). ``async_loads``:
-    the engine as built on CUDA sm_80 and later, whose data threads also load
+    the engine as built on CUDA sm_90, whose data threads also load
     ``engine_shape.ASYNC_VECTORS`` vectors through shared memory (16 warps: 15 x 32 x 10 x 16 =
     76,800 B copying, 15 x 32 x 5 x 2 x 16 reducing); without (the v4 engine, HIP): 61,440 B both."""
     threads, vectors = _data_threads_and_vectors(warps, reduces, warp, async_loads)
