@@ -544,6 +544,12 @@ def test_async_threads_of_the_runtimes_modules():
     assert ASYNC_THREADS == _rendered_loads()["HCCC_ASYNC_THREADS"] == 480
     assert [async_threads(n, 32) for n in (32, 64, 96, 512, 1024)] == [0, 32, 64, 480, 480]
     assert async_threads(256, 64) == 192
+    from hccc.runtime.gpu import translation_unit
+    from hccc.runtime.platform import Instance
+    for threads, want in ((512, 480), (32, 0)):
+        man = {"nthreads": {"cuda": threads}, "ranks": [], "grid": {}}
+        tu = translation_unit(man, Instance("float32", "sum"), [], "cuda", gate=False)
+        assert f"#define HCCC_ASYNC_THREADS {want}\n" in tu
 
 
 def test_bytes_in_flight_script(capsys):

@@ -1,8 +1,9 @@
 """The copy engine's shape: how many 16-byte vectors a data thread of the emitted kernels loads
-before its first store, by the kind of piece it moves.
+before its first store, by the kind of piece it moves, in registers and through shared memory.
 
-``hccc_prims.h`` renders these (``HCCC_LOADS``, ``HCCC_LOADS_REDUCE``, ``HCCC_LOADS_SCALE``: the
-unrolled body of ``hccc_vectors``, which issues every load of a block of vectors before any store),
+``hccc_prims.h`` renders these (``HCCC_LOADS``, ``HCCC_LOADS_REDUCE``, ``HCCC_LOADS_SCALE``,
+``HCCC_ASYNC_VECTORS``, ``HCCC_ASYNC_THREADS``: the unrolled body of ``hccc_vblocks``, which issues
+every load of a block of vectors before any store),
 and the kernel cost model (:func:`hccc.compiler.passes.kernel_cost.block_bytes_in_flight`) counts a
 block's bytes in flight from them. They are not ABI facts: the host never reads them, and a build
 may still override them (``-DHCCC_LOADS=...``) to study another shape.
@@ -13,8 +14,9 @@ AllReduce 8 float32 sum and HM AllReduce 4x8 bfloat16 max, system and single-GPU
 values below spill nothing; one vector more spills in every one of those builds (spill stores of
 ``hccc_run``: a copy of 9 vectors 24 bytes, of 10 44, of 12 76; a reduction of 5 vectors a source
 8 bytes, of 6 12).
-So the registers hold at most these many bytes in flight a thread, and a block's bytes in flight
-grow only with its data warps (docs/kernel-protocol.md, "Bytes in flight").
+So the registers hold at most these many bytes in flight a thread; shared memory holds
+:data:`ASYNC_VECTORS` more where the platform loads into it without a register
+(docs/kernel-protocol.md, "Bytes in flight").
 """
 from __future__ import annotations
 
