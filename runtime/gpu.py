@@ -23,6 +23,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from hccc.compiler.backend.codegen import WARP_SIZE
+from hccc.compiler.backend.engine_shape import async_threads
 from hccc.runtime import cache
 from hccc.util import dtypes as dtypes_table
 from hccc.runtime.gpu_calls import call_error, guard
@@ -135,6 +137,11 @@ def translation_unit(manifest: dict, instance: Instance, ranks: Sequence[int], p
     lines = [f"// hccc runtime module: {instance.dtype}_{instance.op}, {platform}, ranks "
              + ",".join(map(str, ranks)),
              f"#define HCCC_FOR_EACH_INSTANCE(X) {instance_expansion(instance)}"]
+    # the copy engine's shared-memory loads: room for the emitted block's data threads, no more
+    # (a small block then costs no more shared memory than it uses: residency as its registers allow)
+    threads = (manifest.get("nthreads") or {}).get(platform)
+    if threads:
+        lines.append(f"#define HCCC_ASYNC_THREADS {async_threads(int(threads), WARP_SIZE[platform])}")
     # (table mode: every rank names the same generic source, included once)
     # ... and, with every rank, the one-grid entry (it calls their block functions)
     srcs = [rank_source(manifest, r, platform) for r in ranks] + [grid_source(manifest, platform, ranks)]

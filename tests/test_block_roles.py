@@ -14,6 +14,8 @@ build (one thread per warp) runs through every other kernel test.
 - a deadlock: every warp leaves (the run returns, the error record names the wait);
 - the sync lane's dependency polls past the counters kept with a primitive (``-DHCCC_DEP_CACHE=1``:
   the examples' second dependencies are read through the program): 0 wrong elements;
+- the sync lane posting every unit (``-DHCCC_SYNC_POSTS=1``: the next unit released first where its
+  inputs were met, so units overlap), Simple and LL, channels, dependencies: 0 wrong elements;
 - (slow) random valid programs of every collective, 1-3 channels, uneven counts, every dtype and
   op, both protocols, fused primitives, one grid or a kernel per rank, specialised or table kernels:
   0 wrong elements (a run that completes is also the check that no warp was left waiting).
@@ -259,6 +261,42 @@ def test_dependencies_past_the_kept_counters_are_polled_through_the_program(one_
                           slice_bytes=64)
         res = run_case(ir, case, backend=one_dep_cached, proto="simple")
         assert res.ok and res.wrong == 0, describe_failure(case, res)
+
+
+@pytest.fixture(scope="module")
+def sync_posts(tmp_path_factory):
+    """A CPU platform whose sync lane posts every unit (``-DHCCC_SYNC_POSTS=1``: the next unit is
+    released before the last one is posted where its inputs were met), with warps of WARP threads."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(cpu_build, "_CXX_FLAGS", [*cpu_build._CXX_FLAGS, f"-DHCCC_WARP_SIZE={WARP}",
+                                         "-DHCCC_SYNC_POSTS=1"])
+    plat = cpu.CpuPlatform(opt="-O0", cache_dir=tmp_path_factory.mktemp("sync-posts"))
+    try:
+        yield plat
+    finally:
+        plat.close()
+        mp.undo()
+
+
+@pytest.mark.parametrize("proto", ["simple", "ll"])
+def test_units_released_before_the_last_is_posted_match_the_oracle(sync_posts, proto):
+    """The sync lane's posts (``HCCC_SYNC_POSTS=1``): ring AllReduce on 2 channels, and the examples
+    whose thread blocks wait on each other's progress (HM AllReduce 2x4, ring AllGather 8), in and
+    out of place, uneven counts, a warp and a partial one or two warps and a lane: 0 wrong
+    elements, and every run completes (a unit posted late, or out of order, would leave a peer
+    waiting)."""
+    from hccc.compiler.frontend.load import load_rccl
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    irs = [with_channels(build_program(_ring(4), chunk_bytes=128), 2)]
+    irs += [build_program(load_rccl(root / "examples" / f"{ex}.rccl"), chunk_bytes=64)
+            for ex in ("hm_allreduce_2x4", "ring_allgather_8")]
+    for ir in irs:
+        for inplace in (False, True):
+            for nthreads, count in ((6, 8 * 3 * 40 + 5), (9, 1001)):
+                case = KernelCase(count=count, dtype="float32", op="sum", inplace=inplace,
+                                  nthreads=nthreads, slice_bytes=64)
+                res = run_case(ir, case, backend=sync_posts, proto=proto)
+                assert res.ok and res.wrong == 0, describe_failure(case, res)
 
 
 def test_a_deadlock_makes_every_warp_leave(wide):

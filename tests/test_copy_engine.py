@@ -4,7 +4,9 @@ against numpy.
 ``hccc_move`` is the one data path of every Simple and direct piece: o1 (and o2) := a, or a (+) b,
 by the data threads of a block. It peels a
 scalar head up to 16-byte alignment, moves the body in unrolled 16-byte vectors (warp-contiguous
-blocks of HCCC_LOADS vectors per thread, whole blocks first, then one vector per thread), a scalar
+blocks of HCCC_LOADS vectors per thread in registers and HCCC_ASYNC_VECTORS more through shared
+memory where every data thread has its slots -- the CPU emulation's buffer holds 16 threads, so
+thread counts on both sides of it run -- whole blocks first, then one vector per thread), a scalar
 tail, and falls back to element-wise moves when the pointers disagree modulo 16; fp16 / bf16 reduce
 two lanes per 32-bit word (the packed path). Property: for every dtype, operator, shape (one or two
 sources, one or two outputs, reduce in place), element count, misalignment of each pointer, thread
@@ -26,6 +28,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hccc.compiler.backend import engine_shape
 from hccc.runtime.reference import round_bf16
 from hccc.util import dtypes as dtypes_table
 
@@ -139,7 +142,7 @@ def cases(draw):
     offs = [draw(st.integers(0, lanes - 1)) if independent else shared for _ in range(4)]
     n = draw(st.one_of(st.integers(0, 40), st.integers(0, 3000), st.sampled_from([511, 512, 513, 1023, 1024])))
     return {"dtype": dtype, "op": draw(st.sampled_from(sorted(REDS))), "shape": shape, "offs": offs, "n": n,
-            "nthreads": draw(st.sampled_from([1, 2, 3, 4, 5, 8, 13])), "warp": draw(st.sampled_from(sorted(WARPS))),
+            "nthreads": draw(st.sampled_from([1, 2, 3, 4, 5, 8, 13, 16, 17, 24])), "warp": draw(st.sampled_from(sorted(WARPS))),
             "seed": draw(st.integers(0, 2**32 - 1))}
 
 
@@ -197,8 +200,11 @@ def test_every_dtype_and_op_over_whole_blocks_and_ragged_ends(engines, dtype, op
     size = np.dtype(npt).itemsize
     rng = np.random.default_rng(7)
     for w, lib in engines.items():
-        for nthreads in (1, 6):
-            block = 8 * w * 16 // size          # elements of one warp block (HCCC_LOADS = 8)
+        for nthreads in (1, 6, 20):
+            # elements of one warp block of a reduction: registers' and shared memory's vectors
+            # (none of the latter past the buffer's 16 threads)
+            vectors = engine_shape.LOADS_REDUCE + (engine_shape.ASYNC_VECTORS // 2 if nthreads <= 16 else 0)
+            block = vectors * w * 16 // size
             for n in (block - 1, block, block + 1, 3 * block * max(1, nthreads // w) + 5):
                 for off in range(16 // size):
                     arenas = [_arena((n + 64) * size) for _ in range(3)]

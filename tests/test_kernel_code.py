@@ -280,6 +280,36 @@ def test_unrolled_copy_loops_issue_four_independent_16_byte_loads_before_storing
             assert sum(1 for x in body if st.search(x)) <= 2, "a multi-store loop stores too early"
 
 
+PTX_ASYNC16 = re.compile(r"^\s*cp\.async\.cg\.shared\.global\s")
+
+
+@pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("bfloat16", "max")])
+def test_cuda_copy_loops_hold_the_cost_models_bytes_in_flight(sources, dtype, op):
+    """sm_90: the unrolled copy loops issue their shared-memory loads (cp.async, 16 bytes each) and
+    their register loads before the first store, wait for the former (cp.async.wait_all) only after
+    the registers' stores, and read them from shared memory; the loads before the first store, 16
+    bytes each over a 512-thread block's 480 data threads, are the cost model's bytes in flight of
+    a copy and of a reduction (kernel_cost.block_bytes_in_flight, counted from engine_shape)."""
+    from hccc.compiler.passes import kernel_cost as kc
+    prim = prim_of(sources, "cuda", dtype, op)
+    found = set()
+    for body in copy_loops(prim, "ptx"):
+        first_st = next(i for i, x in enumerate(body) if PTX_ST16.search(x))
+        asyncs = [i for i, x in enumerate(body) if PTX_ASYNC16.search(x)]
+        if not asyncs:
+            continue
+        assert max(asyncs) < first_st, "a shared-memory load after the first store"
+        wait = next(i for i, x in enumerate(body) if "cp.async.wait_all" in x)
+        regs = len(loads_before_first_store(body, "ptx"))
+        assert first_st < wait < next(i for i, x in enumerate(body) if re.search(r"\bld\.shared\.v4\.", x))
+        found.add((regs, len(asyncs), (regs + len(asyncs)) * 16 * 480))
+    want_copy = kc.block_bytes_in_flight(16)
+    want_reduce = kc.block_bytes_in_flight(16, True)
+    assert {b for _, _, b in found} == {want_copy, want_reduce} == {76800}, found
+    # (a copy: 8 in registers, 2 through shared memory; a reduction: 4 + 1 a source)
+    assert {(r, a) for r, a, _ in found} == {(8, 2)}, found
+
+
 @pytest.mark.parametrize("platform", ["cuda", "hip"])
 def test_16_byte_accesses_are_global_not_generic(sources, platform):
     prim = "\n".join(prim_of(sources, platform, "float32", "sum"))

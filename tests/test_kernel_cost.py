@@ -8,7 +8,10 @@
   built from a program's own columns, for random valid programs;
 - no second copy of a cost: the slice policy, channels and the simulator read the model's;
 - ``--recorded --json``: its schema, and every row within 30 % or named unexplained with a
-  hypothesis (and none named that is explained).
+  hypothesis (and none named that is explained);
+- bytes in flight per block against the vectors the emitted ``hccc_prims.h`` defines (parsed from
+  the rendered header), the round trip derived from the fifth run, the prediction at the v4 shape
+  giving back the measured rate, and ``benchmarks/bytes_in_flight.py`` (its rows and its refusals).
 """
 from __future__ import annotations
 
@@ -479,3 +482,88 @@ def test_one_rank_per_gpu_launches_the_busiest_ranks_blocks_and_shares_the_hbm(n
     assert one.launch == pytest.approx(c.launch_seconds(int(ir.ntbs.sum())))
     assert per.launch == pytest.approx(c.launch_seconds(int(ir.ntbs.max())))
     assert per.hbm == pytest.approx(one.hbm / n) and per.path == one.path
+
+
+# ----------------------------------------------------------------------------- bytes in flight
+def _rendered_loads() -> dict[str, int]:
+    """HCCC_LOADS, HCCC_LOADS_REDUCE, HCCC_LOADS_SCALE, HCCC_ASYNC_VECTORS, HCCC_ASYNC_THREADS as the
+    emitted hccc_prims.h defines them."""
+    from hccc.compiler.backend import codegen
+    text = codegen._template_env().get_template("common/hccc_prims.h.j2").render(
+        version="t", nslots=8, dtypes=codegen.DTYPES, ops=codegen.REDOPS)
+    got = dict(re.findall(r"^#define (HCCC_(?:LOADS|LOADS_REDUCE|LOADS_SCALE|ASYNC_VECTORS|ASYNC_THREADS)) (\d+)$",
+                          text, flags=re.M))
+    assert len(got) == 5, got
+    return {k: int(v) for k, v in got.items()}
+
+
+@given(st.integers(2, 32), st.booleans())
+def test_bytes_in_flight_count_the_emitted_engines_vectors(warps, async_loads):
+    """Every warp but the sync warp, 32 threads, the header's vectors a source (and its shared-memory
+    ones where the buffer holds every data thread), 16 B a vector."""
+    d = _rendered_loads()
+    data_threads = (warps - 1) * 32
+    extra = async_loads and data_threads <= d["HCCC_ASYNC_THREADS"]
+    copy = d["HCCC_LOADS"] + (d["HCCC_ASYNC_VECTORS"] if extra else 0)
+    red = d["HCCC_LOADS_REDUCE"] + (d["HCCC_ASYNC_VECTORS"] // 2 if extra else 0)
+    kw = dict(async_loads=async_loads)
+    assert kc.block_bytes_in_flight(warps, **kw) == data_threads * copy * 16
+    assert kc.block_bytes_in_flight(warps, True, **kw) == data_threads * red * 2 * 16
+    assert kc.block_bytes_per_round(warps, **kw) == data_threads * copy * 16
+    assert kc.block_bytes_per_round(warps, True, **kw) == data_threads * red * 16
+    assert kc.block_bytes_in_flight(warps, **kw) >= kc.block_bytes_in_flight(warps, async_loads=False)
+
+
+def test_bytes_in_flight_hand_derived():
+    """The issue's figures for the v4 engine: 16 warps move 60 KiB a round copying, 30 KiB reducing
+    (60 KiB of loads); with two vectors a thread through shared memory 75 KiB and 37.5 KiB; 32
+    warps' 992 data threads have no room in the buffer; a one-warp block's 31 data lanes one
+    vector each."""
+    v4 = dict(async_loads=False)
+    assert kc.block_bytes_in_flight(16, **v4) == 60 * KiB and kc.block_bytes_per_round(16, **v4) == 60 * KiB
+    assert kc.block_bytes_in_flight(16, True, **v4) == 60 * KiB and kc.block_bytes_per_round(16, True, **v4) == 30 * KiB
+    assert kc.block_bytes_in_flight(16) == 75 * KiB and kc.block_bytes_per_round(16, True) == 75 * KiB // 2
+    assert kc.block_bytes_in_flight(32) == kc.block_bytes_in_flight(32, **v4) == 31 * 32 * 8 * 16
+    assert kc.block_bytes_in_flight(1) == 31 * 16 and kc.block_bytes_in_flight(1, True) == 2 * 31 * 16
+
+
+def test_round_trip_is_the_fifth_runs_rate_at_the_v4_shape():
+    """1.25 us: 61,440 B over the fifth run's 16-warp copy slope; the prediction at the v4 shape
+    gives the measured rate back, and it grows with the bytes of a round."""
+    u = _runs()["fifth"]["units"]
+    t256, t512 = (k * KiB / (g * 1e9) for k, g in zip((256, 512), u["copy_gbs"]["16"][3:]))
+    assert kc.LOAD_ROUND_TRIP_SECONDS == pytest.approx(61440 * (t512 - t256) / (256 * KiB), rel=1e-12)
+    assert kc.LOAD_ROUND_TRIP_SECONDS == pytest.approx(1.25e-6, abs=0.01e-6)
+    assert kc.predicted_block_bytes_per_second(61440) == pytest.approx(kc.BLOCK_BYTES_PER_SECOND, rel=1e-12)
+    assert kc.predicted_block_bytes_per_second(76800) == pytest.approx(1.25 * kc.BLOCK_BYTES_PER_SECOND)
+
+
+def test_async_threads_of_the_runtimes_modules():
+    """HCCC_ASYNC_THREADS of a module: the emitted block's data threads, at most the buffer's 480."""
+    from hccc.compiler.backend.engine_shape import ASYNC_THREADS, async_threads
+    assert ASYNC_THREADS == _rendered_loads()["HCCC_ASYNC_THREADS"] == 480
+    assert [async_threads(n, 32) for n in (32, 64, 96, 512, 1024)] == [0, 32, 64, 480, 480]
+    assert async_threads(256, 64) == 192
+    from hccc.runtime.gpu import translation_unit
+    from hccc.runtime.platform import Instance
+    for threads, want in ((512, 480), (32, 0)):
+        man = {"nthreads": {"cuda": threads}, "ranks": [], "grid": {}}
+        tu = translation_unit(man, Instance("float32", "sum"), [], "cuda", gate=False)
+        assert f"#define HCCC_ASYNC_THREADS {want}\n" in tu
+
+
+def test_bytes_in_flight_script(capsys):
+    script = _script("bytes_in_flight")
+    assert script.main(["--warps", "4,16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["engine"], r["warps"], r["moves"]) for r in rows] == [
+        (e, w, m) for e in ("v4", "v5") for w in (4, 16) for m in ("copy", "reduce")]
+    v4, v5 = rows[2], rows[6]
+    assert v4["bytes_in_flight"] == 61440 and v5["bytes_in_flight"] == 76800 and rows[7]["bytes_per_round"] == 38400
+    assert v4["predicted_gbs"] == round(kc.BLOCK_BYTES_PER_SECOND / 1e9, 1)
+    assert script.main(["--warps", "16"]) == 0
+    assert "a prediction" in capsys.readouterr().out
+    for bad in ("x", "0", "33", ""):
+        assert script.main(["--warps", bad]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: --warps") and "Traceback" not in err

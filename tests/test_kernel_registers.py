@@ -7,8 +7,9 @@ on-timeout functions it calls) spills nothing, and a kernel's cumulative stack i
 STACK_BYTES: the engine's state lives in registers and shared memory, not in local memory (the v3
 kernels kept a 592-728-byte frame, which a full grid pushed out of L2:
 docs/archive/measurements-log.md#the-third-gpu-run-one-nvidia-h200-every-rank-on-it).
-Checked for ring AllReduce 8 (float32 sum) and HM AllReduce 4x8 (bfloat16 max), every rank and the
-one-grid entry, in single-GPU and system-scope builds, and for direct AllToAll 8 (float32), whose
+Checked for ring AllReduce 8 and HM AllReduce 4x8, each float32 sum and bfloat16 max, every rank and
+the one-grid entry, in single-GPU and system-scope builds (and ring AllReduce 8 float32 sum built
+with ``-DHCCC_SYNC_POSTS=1``, the sync lane posting every unit), and for direct AllToAll 8 (float32), whose
 kernels also run as AllToAllv: their engine has the counts path (hccc_v_round), which must not cost
 the engine registers either (docs/measurements.md#the-engines-registers-under-alltoallv-ptxas-no-gpu); and
 for the table mode's generic kernels (float32 sum), which run every program and so carry that path
@@ -56,8 +57,8 @@ def test_report_parser():
                                   "_Z1fv": {"stack": 0, "spill_stores": 0, "spill_loads": 0}}
 
 
-def _ptxas(tool, src: Path, inc: Path, single_gpu: bool) -> dict[str, dict]:
-    res = subprocess.run([tool, *cuda_flags("sm_90", single_gpu), "-Xptxas", "-v", "-I", str(inc),
+def _ptxas(tool, src: Path, inc: Path, single_gpu: bool, defines: tuple[str, ...] = ()) -> dict[str, dict]:
+    res = subprocess.run([tool, *cuda_flags("sm_90", single_gpu), *defines, "-Xptxas", "-v", "-I", str(inc),
                           "-o", str(src.with_suffix(".cubin")), str(src)],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -65,11 +66,15 @@ def _ptxas(tool, src: Path, inc: Path, single_gpu: bool) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("single", [True, False])
-@pytest.mark.parametrize("example,dtype,op", [("ring_allreduce_8", "float32", "sum"),
-                                              ("hm_allreduce_4x8", "bfloat16", "max"),
-                                              ("direct_alltoall_8", "float32", "sum")])
+@pytest.mark.parametrize("example,dtype,op,defines", [
+    ("ring_allreduce_8", "float32", "sum", ()),
+    ("ring_allreduce_8", "bfloat16", "max", ()),
+    ("hm_allreduce_4x8", "float32", "sum", ()),
+    ("hm_allreduce_4x8", "bfloat16", "max", ()),
+    ("direct_alltoall_8", "float32", "sum", ()),
+    ("ring_allreduce_8", "float32", "sum", ("-DHCCC_SYNC_POSTS=1",))])
 def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, example, dtype, op,
-                                                                          single):
+                                                                          defines, single):
     tool = require_tool("nvcc")
     ir = load_program(ROOT / "examples" / f"{example}.rccl")
     generate(ir, tmp_path, platforms=["cuda"] * ir.nranks)
@@ -77,7 +82,7 @@ def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_pa
     assert man["nthreads"]["cuda"] == 512
     src = tmp_path / "all.cu"
     src.write_text(translation_unit(man, Instance(dtype, op), list(range(ir.nranks)), "cuda"))
-    rep = _ptxas(tool, src, tmp_path, single)
+    rep = _ptxas(tool, src, tmp_path, single, defines)
     entries = {k: v for k, v in rep.items() if "registers" in v and k != "hccc_runtime_gate"}
     kernels = {e["kernel"] for e in man["ranks"]} | {man["grid"]["cuda"]["kernel"]}
     assert {re.sub(r"_(?:float32|bfloat16)_(?:sum|max)$", "", k) for k in entries} == kernels

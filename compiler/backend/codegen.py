@@ -24,7 +24,7 @@ import numpy as np
 
 from hccc.compiler.backend.file_sink import FileSink
 from hccc.compiler.backend.output_dir import MANIFEST_SCHEMA
-from hccc.compiler.backend import abi
+from hccc.compiler.backend import abi, engine_shape
 from hccc.compiler.backend.prim_fields import pd_columns
 from hccc.compiler.ir.check import check_fifo_order, check_structure
 from hccc.compiler.ir.connections import match_connections
@@ -112,6 +112,7 @@ def _template_env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined, autoescape=False)
     env.globals["abi"] = abi   # every ABI fact the templates print comes from the one source
     env.globals["types"] = dtypes_table   # and every element type and reduction operator
+    env.globals["engine"] = engine_shape   # and the copy engine's vectors in flight a thread
     return env
 
 

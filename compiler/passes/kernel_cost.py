@@ -37,6 +37,15 @@ kernel generation's unit-level figures on one card:
   a launch alone: see :data:`LAUNCH_SECONDS_PER_BLOCK`);
 - the HBM bound: every byte the kernels read or write (``kernel_traffic``) at the card's rate.
 
+**Bytes in flight** (:func:`block_bytes_in_flight`, :func:`block_bytes_per_round`): what one
+block's copy engine has loaded and not yet stored, counted from the engine's structure
+(:mod:`hccc.compiler.backend.engine_shape`: the vectors a data thread loads before its first
+store, in registers and, on CUDA sm_90, through shared memory; every warp but the sync
+warp moves data), not measured. With the round trip the fifth run's
+copy rate implies for the v4 engine by Little's law (:data:`LOAD_ROUND_TRIP_SECONDS`), a block's
+bytes moved per round give :func:`predicted_block_bytes_per_second`: a prediction for another
+engine shape, which no run has measured.
+
 **Composition** (:func:`hccc.runtime.kernel_time.program_time`, in the runtime layer: it counts
 the kernels' traffic with :mod:`hccc.runtime.kernel_traffic`): the program's units form a graph: a block runs its
 primitives in order, each over all its micro-batches (task-level execution, as the engine does);
@@ -55,13 +64,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hccc.compiler.backend.engine_shape import ASYNC_THREADS, VECTOR_BYTES, vectors_per_source
 from hccc.compiler.ir.program_ir import Op
 
 __all__ = ["UNIT_WARPS", "UNIT_US", "COPY_UNIT_KIB", "COPY_GBS", "FLAG_ROUND_TRIP_US", "LL_DATA_FRACTION",
            "LAUNCH_SECONDS_PER_BLOCK", "HBM_BYTES_PER_SECOND", "KernelCosts", "V4_H200",
            "UNIT_SECONDS", "COPY_UNIT_SECONDS", "LL_UNIT_SECONDS", "BLOCK_BYTES_PER_SECOND", "SIM_UNIT_BYTES",
            "SIM_BLOCK_GBPS", "BLOCK_GBPS_WARPS", "block_gbps_at", "unit_class", "LEAST_DATA_WARPS",
-           "least_block_threads"]
+           "least_block_threads", "block_bytes_in_flight", "block_bytes_per_round", "LOAD_ROUND_TRIP_SECONDS",
+           "predicted_block_bytes_per_second"]
 
 # ---------------------------------------------------------------------------------------------
 # the measured figures (docs/archive/measurements-log.md, "The fifth GPU run": one H200, the v4 kernels)
@@ -256,3 +267,53 @@ def block_gbps_at(block_gbps: float, nwarps: int) -> float:
     w = max(1, int(nwarps))
     return float(block_gbps) * min(1.0, V4_H200.copy_rate(SIM_UNIT_BYTES, w)
                                    / V4_H200.copy_rate(SIM_UNIT_BYTES, BLOCK_GBPS_WARPS))
+
+
+# ---------------------------------------------------------------------------------------------
+# bytes in flight: the engine's structure (hccc.compiler.backend.engine_shape), not a measurement
+# ---------------------------------------------------------------------------------------------
+def _data_threads_and_vectors(warps: int, reduces: bool, warp: int, async_loads: bool) -> tuple[int, int]:
+    """(data threads, vectors each loads from one source before its first store) of a block of
+    ``warps`` warps: every warp but the sync warp, each thread the engine's unrolled body, and with
+    ``async_loads`` its shared-memory vectors too where the buffer has room for every data thread
+    (``engine_shape.ASYNC_THREADS``); a one-warp block's lanes but the sync lane, one vector each
+    (``hccc_vblocks`` has no whole warp of data threads there: every vector is remainder, one a
+    thread)."""
+    w = max(1, int(warps))
+    if w == 1:
+        return int(warp) - 1, 1
+    threads = (w - 1) * int(warp)
+    return threads, vectors_per_source(reduces, async_loads=async_loads and threads <= ASYNC_THREADS)
+
+
+def block_bytes_in_flight(warps: int, reduces: bool = False, *, warp: int = 32, async_loads: bool = True) -> int:
+    """Bytes of loads one block of ``warps`` warps has in flight at once in its copy engine: data
+    threads x vectors a source x sources (two when it reduces) x 16 B (a structure). ``async_loads``:
+    the engine as built on CUDA sm_90, whose data threads also load
+    ``engine_shape.ASYNC_VECTORS`` vectors through shared memory (16 warps: 15 x 32 x 10 x 16 =
+    76,800 B copying, 15 x 32 x 5 x 2 x 16 reducing); without (the v4 engine, HIP): 61,440 B both."""
+    threads, vectors = _data_threads_and_vectors(warps, reduces, warp, async_loads)
+    return threads * vectors * (2 if reduces else 1) * VECTOR_BYTES
+
+
+def block_bytes_per_round(warps: int, reduces: bool = False, *, warp: int = 32, async_loads: bool = True) -> int:
+    """Bytes one block stores per round of its loads (one round trip): data threads x vectors a
+    source x 16 B (16 warps: 76,800 B copying, 38,400 B reducing, a reduction loading two sources;
+    without ``async_loads`` 61,440 and 30,720 B)."""
+    threads, vectors = _data_threads_and_vectors(warps, reduces, warp, async_loads)
+    return threads * vectors * VECTOR_BYTES
+
+
+#: The round trip of one round of loads, seconds, that the fifth run's copy rate implies by
+#: Little's law: the v4 engine's bytes per round at :data:`BLOCK_GBPS_WARPS` warps (61,440 B, a
+#: structure: registers only) over its measured copy rate on long units
+#: (:data:`BLOCK_BYTES_PER_SECOND`, 49.3 GB/s): 1.25 us. A derived figure: it folds in whatever
+#: else a round of the copy loop waits for.
+LOAD_ROUND_TRIP_SECONDS = block_bytes_per_round(BLOCK_GBPS_WARPS, async_loads=False) / BLOCK_BYTES_PER_SECOND
+
+
+def predicted_block_bytes_per_second(bytes_per_round: float) -> float:
+    """A prediction, not a measurement: the bytes a second one block moves on long units if a round
+    of ``bytes_per_round`` takes :data:`LOAD_ROUND_TRIP_SECONDS` (Little's law at the v4 engine's
+    measured round trip; the v4 shape itself gives back :data:`BLOCK_BYTES_PER_SECOND`)."""
+    return float(bytes_per_round) / LOAD_ROUND_TRIP_SECONDS
