@@ -1,0 +1,150 @@
+"""The ranks of a job as threads of one process: the in-process bootstrap
+(:class:`hccc.runtime.bootstrap.LocalRendezvous`: every rank's data in rank order, a missing rank
+named at the timeout, a failed rank's reason at once, nothing kept once every rank has read a
+step) and :class:`hccc.runtime.local_job.LocalJob` (one Communicator per rank, the path a job of
+one rank per process takes, in threads), whose outputs are compared with the collective's
+definition (:func:`hccc.runtime.reference.expected`, computed from the inputs alone)."""
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.frontend.collectives import SPECS
+from hccc.compiler.passes.build import build_program
+from hccc.runtime import reference
+from hccc.runtime.bootstrap import BootstrapError, LocalRendezvous, local_bootstraps
+from hccc.runtime.communicator import CommunicatorError
+from hccc.testing import valid_programs
+
+from communicator_calls import no_leaks  # noqa: F401 (fixture: nothing left in /dev/shm)
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+
+def _threads(n: int, fn) -> list:
+    """``fn(r)`` in a thread per rank: each rank's result or exception."""
+    got = [None] * n
+
+    def run(r):
+        try:
+            got[r] = fn(r)
+        except Exception as exc:
+            got[r] = exc
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    return got
+
+
+# ------------------------------------------------------------------------------ the rendezvous
+@settings(max_examples=25)
+@given(data=st.lists(st.lists(st.binary(max_size=8), min_size=1, max_size=4), min_size=1, max_size=6)
+       .filter(lambda rows: len({len(r) for r in rows}) == 1))
+def test_every_rank_gets_every_ranks_data_in_rank_order(data):
+    """``data[r][s]``: what rank ``r`` gives at step ``s``; every rank gets column ``s`` whole."""
+    n, steps = len(data), len(data[0])
+    boots = local_bootstraps(n, timeout_s=10)
+    got = _threads(n, lambda r: [boots[r].all_gather(data[r][s], f"step{s}") for s in range(steps)])
+    for r in range(n):
+        assert got[r] == [[data[q][s] for q in range(n)] for s in range(steps)]
+    assert boots[0].rendezvous._steps == {}     # every step forgotten once all ranks read it
+
+
+def test_a_rank_that_never_arrives_is_named():
+    boots = local_bootstraps(3, timeout_s=0.3)
+    got = _threads(2, lambda r: boots[r].all_gather(b"x", "handles"))
+    for exc in got:
+        assert isinstance(exc, BootstrapError)
+        assert "rank 2 of 3 did not arrive within 0.3 s" in str(exc) and "'handles'" in str(exc)
+
+
+def test_a_failed_rank_ends_every_peers_step_at_once_with_its_reason():
+    boots = local_bootstraps(3, timeout_s=30)
+
+    def rank(r):
+        if r == 1:
+            time.sleep(0.1)
+            boots[1].fail("no kernel for you")
+            return None
+        return boots[r].all_gather(b"x", "program")
+    t0 = time.monotonic()
+    got = _threads(3, rank)
+    assert time.monotonic() - t0 < 5
+    for r in (0, 2):
+        assert isinstance(got[r], BootstrapError)
+        assert "the set-up failed on rank 1: no kernel for you" in str(got[r])
+    with pytest.raises(BootstrapError, match="rank 1: no kernel"):      # a latecomer too
+        boots[2].all_gather(b"y", "later")
+
+
+def test_a_rank_cannot_take_part_in_a_step_twice():
+    rv = LocalRendezvous(2, timeout_s=0.2)
+    with pytest.raises(BootstrapError, match="did not arrive"):
+        rv.all_gather(0, b"a", "t")
+    with pytest.raises(BootstrapError, match="rank 0 took part in step 't' twice"):
+        rv.all_gather(0, b"a", "t")
+
+
+def test_bad_ranks_and_sizes_are_refused():
+    with pytest.raises(BootstrapError, match="at least one rank"):
+        LocalRendezvous(0)
+    from hccc.runtime.bootstrap import LocalBootstrap
+    with pytest.raises(BootstrapError, match=r"rank 2 is not in 0\.\.1"):
+        LocalBootstrap(LocalRendezvous(2), 2)
+
+
+# ------------------------------------------------------------------------------ the job in threads
+def _check(ir, count: int, dtype: str, op: str, seed: int = 0, **options) -> None:
+    from hccc.runtime.local_job import LocalJob
+    count = reference.alltoall_count(count, reference.count_unit(ir))
+    inputs = reference.make_inputs(ir.collective, ir.nranks, count, dtype, nchunks=ir.nchunks, seed=seed)
+    want = reference.expected(ir.collective, inputs, op, nchunks=ir.nchunks, root=ir.root)
+    with LocalJob(ir, timeout_s=30, dtype=dtype, op=op, **options) as job:
+        got = job.collective(inputs, count, op)
+    for r, (g, w) in enumerate(zip(got, want)):
+        if w is None:
+            continue
+        assert g.shape == w.shape and np.array_equal(g, w), f"{ir.name}: rank {r}: {g} != {w}"
+
+
+@needs_gxx
+@pytest.mark.parametrize("proto", ["simple", "ll"])
+def test_an_allreduce_in_threads_is_the_collectives_definition(proto):
+    _check(build_program(gen.ring_allreduce(4, [0, 2, 1, 3]), chunk_bytes=64), 1001, "float32", "sum",
+           proto=proto)
+
+
+@needs_gxx
+@settings(max_examples=3)    # each program builds a kernel per rank
+@given(alg=valid_programs(list(SPECS), max_ranks=4, min_ranks=2), count=st.integers(0, 300),
+       dtype=st.sampled_from(["float32", "int32"]), op=st.sampled_from(["sum", "max", "min"]))
+def test_random_programs_in_threads_are_their_collectives_definition(alg, count, dtype, op):
+    _check(build_program(alg, chunk_bytes=64), count, dtype, op, seed=count)
+
+
+@needs_gxx
+def test_mismatched_calls_in_threads_are_an_error_on_every_rank():
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        with pytest.raises(CommunicatorError) as got:
+            job.each(lambda r, comm: comm.all_reduce(np.ones(10 + 2 * r, np.float32)))
+    text = str(got.value)
+    assert text.count("every rank must make the same call") == 2, text
+    assert "rank 0:" in text and "rank 1:" in text
+
+
+def test_a_set_up_that_fails_names_every_ranks_failure_and_keeps_nothing():
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    with pytest.raises(CommunicatorError, match="the job failed setting up: .*dtype must be one of"):
+        LocalJob(ir, timeout_s=5, dtype="float33")
