@@ -68,7 +68,8 @@ class RankGroup:
         self.timeout_s = float(timeout_s)
         self.watchdog_s = watchdog_s
         self.table_ptr: list[int] = []
-        self._allocs: list[tuple[Platform, int]] = []
+        #: every rank's allocations and the flags' (:class:`~hccc.runtime.rank_allocations.RankAllocations`)
+        self._allocations: list = []
         self._owned: list[Platform] = []
         self.launches: RankLaunches | None = None
         self.memory: GroupMemory | None = None
@@ -123,7 +124,7 @@ class RankGroup:
         tables = self.program.tables() if self.program.table_mode else None
         with out_of_memory_at(f"allocating {self.ir.name}'s FIFOs and control blocks"):
             self.memory = mem = GroupMemory(self.rank_plans, self.rank_pf, self.placement, self.platform,
-                                            self._allocs, tables)
+                                            self._allocations, tables)
         self._mirror_memory()
         self.flags_pf, self.flags, self.abort_ptr, self.error_ptr = self.platform, mem.flags, *mem.flag_ptrs
         self.streams = []
@@ -315,12 +316,9 @@ class RankGroup:
         self._closed = True
         if self._broken:
             return  # kernels may still use the memory: leave it
-        for pf, p in self._allocs:
-            try:
-                pf.free(p)
-            except Exception:
-                pass
-        self._allocs.clear()
+        for owned in self._allocations:
+            owned.release(kernel_running=False)
+        self._allocations.clear()
         for pf in self._owned:
             pf.close()
         self._owned.clear()
