@@ -158,8 +158,18 @@ class ProcessRank:
         """One launch of ``count`` elements (the full buffer), the one per-call recipe
         (:mod:`hccc.runtime.rank_memory`); ``v``: an AllToAllv call's
         :class:`~hccc.runtime.alltoallv_call.VCall` (``count`` is then its equal-size stand-in,
-        which sizes slice and protocol)."""
-        pf, ir = self._pf, self.ir
+        which sizes slice and protocol). Its steps: :meth:`_begin` (the call compared with the
+        peers', the counters reset, the arguments), :meth:`_launch`, :meth:`_wait`."""
+        fn, args, call, what = self._begin(method, count, dtype, op, in_p, out_p, v)
+        self._launch(fn, args, call, what)
+        self._wait(method)
+
+    def _begin(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None):
+        """Everything of :meth:`_run` before the launch: the call planned, posted and compared with
+        every peer's at a host barrier, the counters reset, the scratch and the arguments, and the
+        second barrier (nobody sends into a stale FIFO). Returns (the kernel, its
+        :class:`~hccc.runtime.kernel_abi.Args`, the :class:`LaunchCall`, the call's name)."""
+        ir = self.ir
         fn = self._kernel(dtype, op)
         es = ELEMENT_BYTES[dtype]
         call, lay = self._plan(count, es)
@@ -196,14 +206,17 @@ class ProcessRank:
         if v is not None:
             v.apply(args, ir.scratch_chunks > 0)
         self._barrier(f"{what} (counters reset)")  # nobody sends into a stale FIFO
+        return fn, args, call, what
+
+    def _launch(self, fn, args, call: LaunchCall, what: str) -> None:
+        """This rank's kernel launched on its stream with ``args`` (after :meth:`_begin`)."""
         if self._net is not None:
-            self._net.shape(self.slot_bytes, ir.max_step_chunks, call.slice_bytes)
+            self._net.shape(self.slot_bytes, self.ir.max_step_chunks, call.slice_bytes)
         if self.grid > 0:
             try:
-                pf.launch(fn, self.grid, self.block, self._mem.argument(args), self._stream)
+                self._pf.launch(fn, self.grid, self.block, self._mem.argument(args), self._stream)
             except Exception as exc:
                 raise self._refused(exc, what) from None
-        self._wait(method)
 
     def _refused(self, exc: Exception, what: str) -> Exception:
         """Memory or threads the system refused during call ``what`` (:func:`refused_memory`):

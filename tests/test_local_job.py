@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.passes.build import build_program
+from hccc.compiler.pipeline import load_program
 from hccc.runtime import reference
 from hccc.runtime.bootstrap import BootstrapError, LocalRendezvous, local_bootstraps
 from hccc.runtime.communicator import CommunicatorError
@@ -26,6 +28,8 @@ from hccc.testing import valid_programs
 from communicator_calls import no_leaks  # noqa: F401 (fixture: nothing left in /dev/shm)
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.rccl"))
 
 
 def _threads(n: int, fn) -> list:
@@ -129,6 +133,14 @@ def test_an_allreduce_in_threads_is_the_collectives_definition(proto):
        dtype=st.sampled_from(["float32", "int32"]), op=st.sampled_from(["sum", "max", "min"]))
 def test_random_programs_in_threads_are_their_collectives_definition(alg, count, dtype, op):
     _check(build_program(alg, chunk_bytes=64), count, dtype, op, seed=count)
+
+
+@pytest.mark.slow     # a kernel per rank of every example (up to 32 ranks: more than the process pool starts)
+@needs_gxx
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_examples_in_threads_are_their_collectives_definition(name):
+    ir = load_program(ROOT / "examples" / name)
+    _check(ir, 4 * ir.nchunks + 3, "float32", "sum", seed=ir.nranks)
 
 
 @needs_gxx
