@@ -107,13 +107,14 @@ def test_bad_ranks_and_sizes_are_refused():
 
 
 # ------------------------------------------------------------------------------ the job in threads
-def _check(ir, count: int, dtype: str, op: str, seed: int = 0, **options) -> None:
+def _check(ir, count: int, dtype: str, op: str, seed: int = 0, together: bool = False,
+           direct: bool = False, **options) -> None:
     from hccc.runtime.local_job import LocalJob
     count = reference.alltoall_count(count, reference.count_unit(ir))
     inputs = reference.make_inputs(ir.collective, ir.nranks, count, dtype, nchunks=ir.nchunks, seed=seed)
     want = reference.expected(ir.collective, inputs, op, nchunks=ir.nchunks, root=ir.root)
     with LocalJob(ir, timeout_s=30, dtype=dtype, op=op, **options) as job:
-        got = job.collective(inputs, count, op)
+        got = job.collective(inputs, count, op, together=together, direct=direct)
     for r, (g, w) in enumerate(zip(got, want)):
         if w is None:
             continue
@@ -160,3 +161,67 @@ def test_a_set_up_that_fails_names_every_ranks_failure_and_keeps_nothing():
     ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
     with pytest.raises(CommunicatorError, match="the job failed setting up: .*dtype must be one of"):
         LocalJob(ir, timeout_s=5, dtype="float33")
+
+
+# ------------------------------------------------------------------------------ launched together
+def _slot_heads(job) -> np.ndarray:
+    """[rank, receive connection, slot]: the first 8 bytes of every FIFO slot of every rank."""
+    from hccc.compiler.backend import abi
+    out = []
+    for r, comm in enumerate(job.comms):
+        plan, mem, pf = comm._plans[r], comm._mem, comm._pf
+        raw = np.zeros(plan.slots_bytes, np.uint8)
+        pf.memcpy_dtoh(raw, mem.slots)
+        out.append([[raw[j * plan.fifo_bytes + s * plan.slot_bytes:][:8].view(np.uint64)[0]
+                     for s in range(abi.NSLOTS)] for j in range(len(plan.recv_conns))])
+    return np.array(out, np.uint64)
+
+
+@needs_gxx
+def test_ranks_launched_together_run_direct_mode_with_the_peers_array():
+    """Ring AllReduce 4 has direct-mode receives (its AllGather half: the sender writes the
+    receiver's output; :func:`~hccc.runtime.direct_peers.direct_receive_count`). Launched together
+    with the peers array, those messages leave their FIFO slots untouched (6 messages per
+    connection: 3 ReduceScatter through the FIFO, 3 AllGather direct); without it every message
+    goes through its slot; the outputs are the collective's definition either way, and an LL call
+    has no peers array."""
+    from hccc.runtime.direct_peers import direct_receive_count
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=1024)
+    assert direct_receive_count(ir, ["cuda"] * 4, "auto") > 0
+    count = 4 * 64
+    inputs = reference.make_inputs("allreduce", 4, count, "float32", nchunks=ir.nchunks, seed=1)
+    want = np.sum(np.stack(inputs), axis=0)
+    mark = np.uint64(0xABABABABABABABAB)
+    with LocalJob(ir, timeout_s=30, proto="simple", nthreads=2) as job:
+        for direct, untouched_slots in ((True, slice(3, 6)), (False, slice(0, 0))):
+            for r, comm in enumerate(job.comms):
+                comm._pf.memset(comm._mem.slots, 0xAB, comm._plans[r].slots_bytes)
+            got = job.collective(inputs, count, together=True, direct=direct)
+            assert all(np.array_equal(g, want) for g in got)
+            assert job.last_time_us is not None and job.last_time_us > 0
+            untouched = _slot_heads(job) == mark
+            assert untouched[:, :, untouched_slots].all(), (direct, untouched)
+            assert not np.delete(untouched[:, :, :6], np.arange(6)[untouched_slots], axis=2).any(), (direct, untouched)
+        job.comms[0].proto = "ll"
+        for comm in job.comms[1:]:
+            comm.proto = "ll"
+        got = job.collective(inputs, count, together=True, direct=True)
+        assert all(np.array_equal(g, want) for g in got) and job.comms[0].last_proto == "ll"
+
+
+@needs_gxx
+@settings(max_examples=3)
+@given(alg=valid_programs(list(SPECS), max_ranks=4, min_ranks=2), count=st.integers(0, 300),
+       direct=st.booleans())
+def test_random_programs_launched_together_are_their_collectives_definition(alg, count, direct):
+    _check(build_program(alg, chunk_bytes=64), count, "float32", "sum", seed=count,
+           together=True, direct=direct)
+
+
+def test_direct_mode_needs_the_ranks_launched_together():
+    from hccc.runtime.local_job import LocalJob
+    job = LocalJob.__new__(LocalJob)
+    job.nranks, job.ir = 1, None
+    with pytest.raises(ValueError, match="launched together"):
+        job.collective([np.zeros(1)], 1, direct=True)
