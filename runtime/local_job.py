@@ -14,17 +14,25 @@ A call may also be launched together, as the single-process runner launches (:cl
 each rank's thread takes its call through the job's steps up to the launch
 (:meth:`~hccc.runtime.process_rank.ProcessRank._begin`: compared with the peers, counters reset,
 arguments), one thread then launches every rank's kernel between one timer per rank's platform
-(with direct mode's peers array, :mod:`hccc.runtime.direct_peers`, where asked), and each rank waits
+(with direct mode's peers array, :mod:`hccc.runtime.direct_peers`, where asked), or the one-grid
+entry once (every rank's argument in one array, rank 0's platform launching all their blocks so that
+they are resident together, from a library of every rank, :class:`GridEntry`), and each rank waits
 for its kernel watching its peers (:meth:`~hccc.runtime.process_rank.ProcessRank._wait`).
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS
+from hccc.runtime.gpu import grid_symbol
+from hccc.runtime.kernel_abi import Args
+from hccc.runtime.platform import Instance
+from hccc.runtime.rank_memory import grid_argument
 from hccc.runtime.bootstrap import local_bootstraps
+from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
 from hccc.runtime.direct_peers import peers_blob, peers_usable
 from hccc.runtime.launcher import program_layout
@@ -42,6 +50,8 @@ class LocalJob:
         self.ir, self.nranks = ir, int(ir.nranks)
         #: the time of the last call launched together (:meth:`collective`), in microseconds
         self.last_time_us: float | None = None
+        #: (dtype, op) -> the one-grid entry (:class:`GridEntry`), built on first use
+        self._grids: dict = {}
         boots = local_bootstraps(self.nranks, timeout_s=timeout_s)
         #: the ranks' communicators, in rank order
         self.comms: list[Communicator] = []
@@ -64,20 +74,26 @@ class LocalJob:
         return [x for x, _ in got]
 
     def collective(self, inputs: list, count: int, op: str = "sum", *, together: bool = False,
-                   direct: bool = False) -> list[np.ndarray]:
+                   direct: bool = False, one_grid: bool = False) -> list[np.ndarray]:
         """One call of the program's collective at ``count`` elements of full buffer (nccl-tests'
         S), ``inputs[r]`` rank ``r``'s array (copied; out of place, into an output of the
         program's layout at that count): every rank's output, in rank order. ``together``: the
         ranks' kernels launched by one thread (:class:`GroupLaunch`; the call's time in
-        :attr:`last_time_us`), with ``direct`` direct mode's peers array for a Simple call."""
+        :attr:`last_time_us`), with ``direct`` direct mode's peers array for a Simple call and with
+        ``one_grid`` as one launch of the one-grid entry (:class:`GridEntry`)."""
         if len(inputs) != self.nranks:
             raise ValueError(f"expected {self.nranks} input arrays, got {len(inputs)}")
-        if direct and not together:
-            raise ValueError("direct mode's peers array needs the ranks launched together")
+        if (direct or one_grid) and not together:
+            raise ValueError("direct mode's peers array and the one-grid launch need the ranks launched together")
         spec, method = SPECS[self.ir.collective], METHODS[self.ir.collective]
         lens = [row[1] for row in program_layout(self.ir, int(count))]
         kwargs = {"op": op} if spec.reduces else {}
-        group = GroupLaunch(self.comms, direct) if together else None
+        grid = None
+        if one_grid:
+            dtype = call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype
+            key = (dtype, op if spec.reduces else "sum")
+            grid = self._grids.get(key) or self._grids.setdefault(key, GridEntry(self.comms, *key))
+        group = GroupLaunch(self.comms, direct, grid) if together else None
 
         def step(r, comm):
             x = np.array(inputs[r], copy=True)
@@ -134,10 +150,11 @@ def _together(n: int, fn) -> list[tuple[object, BaseException | None]]:
 class GroupLaunch:
     """One call of every rank of ``comms`` (the job's communicators, in rank order) launched by one
     thread (see the module docstring); ``direct``: with direct mode's peers array for a Simple call
-    where the ranks share an address space. Each rank's thread runs :meth:`call`."""
+    where the ranks share an address space; ``grid``: as one launch of that one-grid entry. Each
+    rank's thread runs :meth:`call`."""
 
-    def __init__(self, comms: list, direct: bool = False):
-        self.comms, self.direct = comms, direct
+    def __init__(self, comms: list, direct: bool = False, grid: "GridEntry | None" = None):
+        self.comms, self.direct, self.grid = comms, direct, grid
         self._pending: list = [None] * len(comms)
         self._timers: list = []
         #: (communicator, pointer) of every rank's peers array, freed after the call
@@ -160,11 +177,15 @@ class GroupLaunch:
             comm.flags.raise_abort()
             comm._owned.abort_peers()
             try:
-                comm._wait(method)
+                comm._wait(method, self._launcher(rank))
             except CommunicatorError:
                 pass
             raise
-        comm._wait(method)
+        comm._wait(method, self._launcher(rank))
+
+    def _launcher(self, rank: int):
+        """The platform that launched ``rank``'s kernel: rank 0's for the one-grid launch."""
+        return self.comms[0 if self.grid is not None else rank]._pf
 
     def _launch_all(self) -> None:
         """Every rank's kernel between the start and the stop of one timer per rank's platform."""
@@ -178,6 +199,15 @@ class GroupLaunch:
                 self._staged.append((c, ptr))
                 c._pf.memcpy_htod(ptr, blob)
                 p[1].peers = ptr
+        if self.grid is not None:
+            self._timers = [comms[0]._pf.timer()]
+            arg = self.grid.argument([c._mem.argument(p[1]) for c, p in zip(comms, pending)], self._staged)
+            self._timers[0].start()
+            try:
+                self.grid.launch(arg)
+            finally:
+                self._timers[0].stop()
+            return
         self._timers = [c._pf.timer() for c in comms]
         for t in self._timers:
             t.start()
@@ -199,6 +229,47 @@ class GroupLaunch:
         self._staged = []
 
 
+class GridEntry:
+    """The one-grid entry of the ranks ``comms`` (a job's communicators in one process, in rank
+    order, all of one manifest platform) for ``dtype`` / ``op``: built once, through rank 0's
+    platform, into a library of every rank (the entry calls their block functions), and refused at
+    once where its blocks cannot all be resident together (they wait on each other)."""
+
+    def __init__(self, comms: list, dtype: str, op: str):
+        first = comms[0]
+        flavours = {c.rank_platform[c.rank] for c in comms}
+        if len(flavours) > 1 or first.codegen != "specialized":
+            raise CommunicatorError("one grid runs the specialised kernels of ranks of one platform"
+                                    f" (this job: {', '.join(sorted(flavours))}, {first.codegen} kernels)")
+        self.comms, self.pf, prog = comms, first._pf, first._prog
+        inst = Instance(dtype, op)
+        sym = grid_symbol(prog.manifest, first.rank_platform[0], inst)
+        if sym is None:
+            raise CommunicatorError(f"{first.ir.name}: the generated sources have no one-grid entry")
+        lib = self.pf.build(prog.gendir, prog.manifest, inst, ranks=list(range(len(comms))))
+        self.fn = self.pf.load(lib).function(sym)
+        self.blocks, self.block = sum(c.grid for c in comms), max(c.block for c in comms)
+        fit = self.pf.max_resident_blocks(self.fn, self.block)
+        if self.blocks > fit:
+            raise CommunicatorError(f"{first.ir.name} as one grid needs {self.blocks} thread blocks of "
+                                    f"{self.block} threads resident at once; at most {fit} fit")
+
+    def argument(self, packed: list[bytes], staged: list) -> bytes:
+        """The entry's argument over every rank's packed ``hccc_args`` (``packed``), copied into
+        rank 0's memory (appended to ``staged``, freed after the call)."""
+        blob = np.frombuffer(b"".join(packed), np.uint8)
+        owner = self.comms[0]
+        ptr = owner._owned.local(max(blob.nbytes, ctypes.sizeof(Args)))
+        staged.append((owner, ptr))
+        self.pf.memcpy_htod(ptr, blob)
+        return grid_argument(ptr, len(packed))
+
+    def launch(self, arg: bytes) -> None:
+        """Every rank's blocks in one launch on rank 0's stream."""
+        owner = self.comms[0]
+        self.pf.launch_grid(self.fn, self.blocks, self.block, arg, owner._stream, abort_flag=owner.flags.abort)
+
+
 def _job_error(errors: list, doing: str) -> CommunicatorError:
     """One error naming every rank's failure (each message names its rank)."""
     lines = [str(e) if isinstance(e, CommunicatorError) else f"rank {r}: {type(e).__name__}: {e}"
@@ -206,4 +277,4 @@ def _job_error(errors: list, doing: str) -> CommunicatorError:
     return CommunicatorError(f"the job failed {doing}: " + "; ".join(lines))
 
 
-__all__ = ["LocalJob", "GroupLaunch"]
+__all__ = ["LocalJob", "GroupLaunch", "GridEntry"]

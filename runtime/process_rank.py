@@ -278,10 +278,12 @@ class ProcessRank:
         return ("a job across nodes runs Simple: the network proxy forwards a FIFO slot when its tail "
                 "advances, and LL messages post no tail")
 
-    def _wait(self, method: str) -> None:
+    def _wait(self, method: str, pf: Platform | None = None) -> None:
         """Wait for this rank's kernel, watching the peers (:func:`wait_for_kernel`); raise on any
-        failure (a kernel that ignores the abort flag leaves the communicator broken)."""
-        got = wait_for_kernel(self._pf, self.flags, self._hosts, self._net, self.ir, call=self._calls,
+        failure (a kernel that ignores the abort flag leaves the communicator broken). ``pf``: the
+        platform that launched it, when not this rank's own (ranks of one process launched as one
+        grid by a peer's platform)."""
+        got = wait_for_kernel(pf or self._pf, self.flags, self._hosts, self._net, self.ir, call=self._calls,
                               watch=self.watch, timeout_s=self.timeout_s,
                               kernel_timeout_s=self.kernel_timeout_s,
                               abort_peers=self._owned.abort_peers, method=method)

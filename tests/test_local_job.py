@@ -108,13 +108,13 @@ def test_bad_ranks_and_sizes_are_refused():
 
 # ------------------------------------------------------------------------------ the job in threads
 def _check(ir, count: int, dtype: str, op: str, seed: int = 0, together: bool = False,
-           direct: bool = False, **options) -> None:
+           direct: bool = False, one_grid: bool = False, **options) -> None:
     from hccc.runtime.local_job import LocalJob
     count = reference.alltoall_count(count, reference.count_unit(ir))
     inputs = reference.make_inputs(ir.collective, ir.nranks, count, dtype, nchunks=ir.nchunks, seed=seed)
     want = reference.expected(ir.collective, inputs, op, nchunks=ir.nchunks, root=ir.root)
     with LocalJob(ir, timeout_s=30, dtype=dtype, op=op, **options) as job:
-        got = job.collective(inputs, count, op, together=together, direct=direct)
+        got = job.collective(inputs, count, op, together=together, direct=direct, one_grid=one_grid)
     for r, (g, w) in enumerate(zip(got, want)):
         if w is None:
             continue
@@ -211,17 +211,63 @@ def test_ranks_launched_together_run_direct_mode_with_the_peers_array():
 
 
 @needs_gxx
-@settings(max_examples=3)
+@settings(max_examples=5)
 @given(alg=valid_programs(list(SPECS), max_ranks=4, min_ranks=2), count=st.integers(0, 300),
-       direct=st.booleans())
-def test_random_programs_launched_together_are_their_collectives_definition(alg, count, direct):
+       direct=st.booleans(), one_grid=st.booleans())
+def test_random_programs_launched_together_are_their_collectives_definition(alg, count, direct, one_grid):
     _check(build_program(alg, chunk_bytes=64), count, "float32", "sum", seed=count,
-           together=True, direct=direct)
+           together=True, direct=direct, one_grid=one_grid)
 
 
-def test_direct_mode_needs_the_ranks_launched_together():
+@pytest.mark.parametrize("how", [{"direct": True}, {"one_grid": True}])
+def test_direct_mode_and_one_grid_need_the_ranks_launched_together(how):
     from hccc.runtime.local_job import LocalJob
     job = LocalJob.__new__(LocalJob)
     job.nranks, job.ir = 1, None
     with pytest.raises(ValueError, match="launched together"):
-        job.collective([np.zeros(1)], 1, direct=True)
+        job.collective([np.zeros(1)], 1, **how)
+
+
+@needs_gxx
+@pytest.mark.parametrize("direct", [False, True])
+def test_ranks_launched_as_one_grid_make_one_launch_of_every_ranks_blocks(direct):
+    """The one-grid entry launched once, by rank 0's platform, with every rank's blocks, and no
+    rank's own launch step (counted by spies on the platforms and the ranks); every rank's output
+    is the collective's definition."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(4, [0, 2, 1, 3]), chunk_bytes=64)
+    count = 1001
+    inputs = reference.make_inputs(ir.collective, 4, count, "float32", nchunks=ir.nchunks, seed=3)
+    want = reference.expected(ir.collective, inputs, "sum", nchunks=ir.nchunks)
+    with LocalJob(ir, timeout_s=30, proto="simple") as job:
+        seen = []
+        for r, comm in enumerate(job.comms):
+            pf = comm._pf
+            real, real_grid = comm._launch, pf.launch_grid
+            comm._launch = lambda *a, r=r, real=real, **k: (seen.append(("launch", r)), real(*a, **k))[1]
+            pf.launch_grid = (lambda fn, grid, *a, r=r, real=real_grid, **k:
+                              (seen.append(("grid", r, grid)), real(fn, grid, *a, **k))[1])
+        for _ in range(2):
+            got = job.collective(inputs, count, together=True, one_grid=True, direct=direct)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want))
+        assert seen == [("grid", 0, sum(c.grid for c in job.comms))] * 2, seen
+        assert job.last_time_us > 0
+        seen.clear()
+        got = job.collective(inputs, count, together=True)       # per rank: each rank's own launch
+        assert all(np.array_equal(g, w) for g, w in zip(got, want))
+        assert sorted(seen) == [("launch", r) for r in range(4)], seen
+
+
+@needs_gxx
+def test_a_grid_whose_blocks_cannot_all_be_resident_is_refused_before_any_launch():
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    inputs = [np.ones(8, np.float32)] * 2
+    with LocalJob(ir, timeout_s=30) as job:
+        job.comms[0]._pf.max_threads = 1
+        with pytest.raises(CommunicatorError, match=r"as one grid needs \d+ thread blocks of \d+ threads "
+                                                    r"resident at once; at most 0 fit"):
+            job.collective(inputs, 8, together=True, one_grid=True)
+        job.comms[0]._pf.max_threads = 1 << 16
+        got = job.collective(inputs, 8, together=True)        # the job is still usable
+        assert all(np.array_equal(g, np.full(8, 2, np.float32)) for g in got)
