@@ -56,6 +56,9 @@ class Bootstrap:
 
     rank: int
     world_size: int
+    #: a ``threading.Condition`` every rank of the job shares when its ranks are threads of this
+    #: process (:class:`LocalBootstrap`), which their host barriers wait on; None otherwise
+    wake = None
 
     def all_gather(self, data: bytes, tag: str) -> list[bytes]:
         """Every rank's ``data`` (in rank order); ``tag`` names the exchange (unique per call)."""
@@ -167,6 +170,8 @@ class LocalRendezvous:
             raise BootstrapError(f"a job has at least one rank, not {world_size}")
         self.world_size, self.timeout_s = int(world_size), float(timeout_s)
         self._cond = threading.Condition()
+        #: what the ranks' host barriers wait on and notify (:attr:`Bootstrap.wake`)
+        self.wake = threading.Condition()
         #: tag -> (each rank's data or None, ranks that have read it)
         self._steps: dict[str, tuple[list, set]] = {}
         #: the first failure reported, "rank R: reason", or None
@@ -217,6 +222,7 @@ class LocalBootstrap(Bootstrap):
         if not 0 <= int(rank) < rendezvous.world_size:
             raise BootstrapError(f"rank {rank} is not in 0..{rendezvous.world_size - 1}")
         self.rendezvous, self.rank, self.world_size = rendezvous, int(rank), rendezvous.world_size
+        self.wake = rendezvous.wake
 
     def all_gather(self, data: bytes, tag: str) -> list[bytes]:
         return self.rendezvous.all_gather(self.rank, data, tag)

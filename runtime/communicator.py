@@ -176,6 +176,7 @@ class Communicator(ProcessRank):
         except BootstrapError as exc:
             raise CommunicatorError(str(exc)) from None
         self.rank, self.world_size = int(self._boot.rank), int(self._boot.world_size)
+        self._wake = getattr(self._boot, "wake", None)
         if self.world_size != ir.nranks:
             raise CommunicatorError(f"{ir.name} is an algorithm for {ir.nranks} ranks; this job has "
                                     f"{self.world_size}")

@@ -59,6 +59,9 @@ class ProcessRank:
         self.last_slice_bytes: int | None = None
         self._closed, self._broken, self._owned_pf = False, None, False
         self._net = self._pf = self._mem = self._hosts = None
+        #: the condition the ranks of an in-process job share for their host barriers, or None
+        #: (:attr:`~hccc.runtime.bootstrap.Bootstrap.wake`, set by the bootstrap)
+        self._wake = None
         #: what release() gives back (:class:`RankAllocations`; made with the memory)
         self._owned: RankAllocations | None = None
         #: (count, element bytes, protocol asked) -> (LaunchCall, this rank's layout row)
@@ -93,7 +96,7 @@ class ProcessRank:
                 mem.load_table(self._prog.tables([self.rank])[self.rank])
             except PlatformError as exc:
                 raise CommunicatorError(f"rank {self.rank}: {exc}") from None
-        self._hosts = HostSegments(self.rank, self.world_size, self.timeout_s)
+        self._hosts = HostSegments(self.rank, self.world_size, self.timeout_s, wake=self._wake)
         self._stream = pf.stream()
         self._vcalls = RankAllToAllv(
             self.ir, self.rank, self.world_size, pf, Staging(pf, own.allocs), self._hosts, run=self._run,

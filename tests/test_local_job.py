@@ -271,3 +271,32 @@ def test_a_grid_whose_blocks_cannot_all_be_resident_is_refused_before_any_launch
         job.comms[0]._pf.max_threads = 1 << 16
         got = job.collective(inputs, 8, together=True)        # the job is still usable
         assert all(np.array_equal(g, np.full(8, 2, np.float32)) for g in got)
+
+
+# ------------------------------------------------------------------------------ host barriers of threads
+def test_host_barriers_of_ranks_in_threads_wait_on_their_shared_condition():
+    """Host segments of ranks in one process (``wake``: the in-process bootstrap's condition):
+    every barrier passes once all ranks reach it, however late one comes; a rank that never comes
+    is named at the timeout; ranks of this process are never taken for exited processes."""
+    import os
+    from hccc.runtime.host_segment import HostSegments
+    wake = threading.Condition()
+    segs = [HostSegments(r, 3, 2.0, wake=wake) for r in range(3)]
+    try:
+        for s in segs:
+            for q in segs:
+                if q is not s:
+                    s.attach(q.rank, q.own.handle)
+            s.know([os.getpid()] * 3, ["n"] * 3)
+        for late in (0.0, 0.05, 0.2):
+            def rank(r):
+                if r == 2:
+                    time.sleep(late)
+                return segs[r].barrier(f"barrier after {late}")
+            assert _threads(3, rank) == [None, None, None]
+        assert all(s.peer_problem() is None for s in segs)
+        got = _threads(2, lambda r: segs[r].barrier("the last one"))
+        assert all("rank 2 did not reach the last one within 2 s" in g for g in got), got
+    finally:
+        for s in segs:
+            s.close()
