@@ -7,7 +7,9 @@ bootstrap (:func:`~hccc.runtime.bootstrap.local_bootstraps`) instead of a torch.
 :class:`LocalJob` makes the communicators together (a rank whose set-up fails ends every peer's at
 once, with its reason) and runs a step on every rank together (:meth:`LocalJob.each`, one thread
 per rank); :meth:`LocalJob.collective` is one call of the program's collective on every rank's
-array, the outputs returned in rank order for the caller's oracle. Everything a rank allocates is
+array, the outputs returned in rank order for the caller's oracle, and :meth:`LocalJob.run` one
+call on the oracle's inputs compared with it as the single-process runner compares
+(:mod:`hccc.runtime.oracle`), a :class:`~hccc.runtime.launcher.RunResult`. Everything a rank allocates is
 POSIX shared memory or the platform's, mapped by its peers as in separate processes.
 
 A call may also be launched together, as the single-process runner launches (:class:`GroupLaunch`):
@@ -27,6 +29,8 @@ import threading
 import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS
+from hccc.compiler.ir.extents import count_unit
+from hccc.runtime import oracle, reference
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.kernel_abi import Args
 from hccc.runtime.platform import Instance
@@ -35,7 +39,7 @@ from hccc.runtime.bootstrap import local_bootstraps
 from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
 from hccc.runtime.direct_peers import peers_blob, peers_usable
-from hccc.runtime.launcher import program_layout
+from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, program_layout
 
 
 class LocalJob:
@@ -95,9 +99,12 @@ class LocalJob:
             grid = self._grids.get(key) or self._grids.setdefault(key, GridEntry(self.comms, *key))
         group = GroupLaunch(self.comms, direct, grid) if together else None
 
+        # outputs start as garbage (a NaN, the most negative integer), so an element never written shows up
+        garbage = oracle.GARBAGE[call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype]
+
         def step(r, comm):
             x = np.array(inputs[r], copy=True)
-            out = np.full(lens[r], np.nan if x.dtype.kind == "f" else -1, dtype=x.dtype)
+            out = np.full(lens[r], garbage, dtype=x.dtype)
             if group is None:
                 return np.array(getattr(comm, method)(x, out=out, **kwargs), copy=True)
             try:
@@ -115,6 +122,37 @@ class LocalJob:
         finally:
             if group is not None:
                 group.free()
+
+    def run(self, count: int, *, dtype: str = "float32", op: str = "sum", seed: int = 0,
+            together: bool = True, direct: bool = False, one_grid: bool = False) -> RunResult:
+        """One call at ``count`` elements of full buffer on the oracle's inputs
+        (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``), out of place, launched as
+        :meth:`collective` launches, compared as the single-process runner compares
+        (:func:`hccc.runtime.oracle.compare`): a :class:`RunResult` whose ``stuck`` is the job's
+        error (every rank's; the job is unusable after it) and whose ``outputs`` are every rank's."""
+        if dtype == "bfloat16":
+            raise ValueError("a job's run passes numpy arrays, which hold no bfloat16 (run it through "
+                             "torch tensors)")
+        spec = SPECS[self.ir.collective]
+        op = op if spec.reduces else "sum"
+        count = reference.alltoall_count(int(count), count_unit(self.ir))
+        inputs = oracle.make_inputs(self.ir, count, dtype, op, seed)
+        outs, stuck = None, None
+        try:
+            outs = self.collective([oracle.to_device(x, dtype) for x in inputs], count, op,
+                                   together=together, direct=direct, one_grid=one_grid)
+        except CommunicatorError as exc:
+            stuck = str(exc)
+        wrong, first, coll_wrong, used = (oracle.compare(self.ir, dtype, op, outs, inputs, False)
+                                          if outs is not None else (0, None, -1, None))
+        c0 = self.comms[0]
+        return RunResult(bytes=count * ELEMENT_BYTES[dtype], count=count, dtype=dtype, op=op, inplace=False,
+                         wrong=int(wrong), time_us=float(self.last_time_us) if together and outs is not None
+                         else float("nan"), stuck=stuck, first_wrong=first, collective=self.ir.collective,
+                         nranks=self.nranks, iters=1 if outs is not None else 0,
+                         collective_wrong=int(coll_wrong), nthreads=c0.block, oracle=used, outputs=outs,
+                         slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
+                         checks=1 if outs is not None else 0)
 
     def close(self) -> None:
         """Close every rank's communicator (together: a peer that closes first is not a failure)."""

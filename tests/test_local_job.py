@@ -300,3 +300,46 @@ def test_host_barriers_of_ranks_in_threads_wait_on_their_shared_condition():
     finally:
         for s in segs:
             s.close()
+
+
+# ------------------------------------------------------------------------------ the oracle on top
+@needs_gxx
+@settings(max_examples=4)
+@given(alg=valid_programs(list(SPECS), max_ranks=4, min_ranks=2), count=st.integers(0, 300),
+       dtype=st.sampled_from(["float32", "int32"]), op=st.sampled_from(["sum", "max", "min"]),
+       how=st.sampled_from([{}, {"direct": True}, {"one_grid": True}]))
+def test_a_jobs_run_is_the_runners_run(alg, count, dtype, op, how):
+    """One call through the job's path (every rank a Communicator, in threads) and through the
+    single-process runner, on the same inputs: both checked by the oracle, their outputs equal."""
+    from hccc.runtime.launcher import Runner
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(alg, chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30, dtype=dtype, op=op) as job:
+        got = job.run(count, dtype=dtype, op=op, seed=count, **how)
+    assert got.ok, (got.stuck, got.first_wrong)
+    with Runner(ir, "cpu", dtype, op) as runner:
+        want = runner.run(count=count, seed=count, keep_outputs=True)
+    assert want.ok and want.count == got.count
+    for r, (g, w) in enumerate(zip(got.outputs, want.outputs)):
+        assert np.array_equal(g, w, equal_nan=dtype == "float32"), f"rank {r}"
+
+
+@needs_gxx
+def test_a_jobs_run_counts_what_the_oracle_does_not_expect():
+    """A receive that drops a contribution: the job's run reports the wrong elements as the
+    runner's does (the reference run of the IR is not the collective)."""
+    from codegen_irs import ring_allreduce
+    from hccc.compiler.ir.program_ir import Buf, Op
+    from hccc.runtime.local_job import LocalJob
+    ir = ring_allreduce(3)
+    ir.chunk_bytes = 64
+    i = int(np.flatnonzero(ir.prims["op"] == Op.RECV_REDUCE_COPY)[0])
+    ir.prims["op"][i] = Op.RECV
+    ir.prims["src_buf"][i] = Buf.NONE
+    ir.prims["src_off"][i] = 0
+    with LocalJob(ir, timeout_s=30, dtype="int32") as job:
+        res = job.run(99, dtype="int32")
+    assert res.stuck is None and res.wrong == 0 and res.collective_wrong > 0 and not res.ok
+    assert "allreduce needs" in res.first_wrong
+    with pytest.raises(ValueError, match="no bfloat16"):
+        LocalJob.run(job, 8, dtype="bfloat16")
