@@ -141,6 +141,15 @@ class HostSegments:
         self.own._map[_REASON_AT:_REASON_AT + len(text)] = text
         self.mine[_H_STATE] = FAILED
 
+    def rejoin(self, seq: int) -> None:
+        """This rank runs again after a failure every rank of an in-process job has seen (its
+        peers rejoin with it): the state running, the reason gone, and ``seq`` barriers passed
+        (the most any rank of the job passed)."""
+        self.own._map[_REASON_AT:_REASON_AT + _REASON_MAX] = bytes(_REASON_MAX)
+        self._seq = int(seq)
+        self.mine[_H_SEQ] = self._seq
+        self.mine[_H_STATE] = RUNNING
+
     def mark_closed(self) -> None:
         self.mine[_H_STATE] = CLOSED
 

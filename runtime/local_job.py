@@ -123,13 +123,24 @@ class LocalJob:
             if group is not None:
                 group.free()
 
+    def recover(self) -> None:
+        """After a failed call (:meth:`each`, :meth:`collective`): every rank forgets the failure
+        and the job runs again, as the single-process runner runs again after a stuck launch
+        (:meth:`~hccc.runtime.process_rank.ProcessRank._rejoin`; every rank's wait has ended when
+        the call returns). :class:`CommunicatorError` where a rank's kernel ignores the abort flag."""
+        seq = max(c._hosts._seq for c in self.comms)
+        calls = max(c._calls for c in self.comms)
+        for c in self.comms:
+            c._rejoin(seq, calls)
+
     def run(self, count: int, *, dtype: str = "float32", op: str = "sum", seed: int = 0,
             together: bool = True, direct: bool = False, one_grid: bool = False) -> RunResult:
         """One call at ``count`` elements of full buffer on the oracle's inputs
         (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``), out of place, launched as
         :meth:`collective` launches, compared as the single-process runner compares
         (:func:`hccc.runtime.oracle.compare`): a :class:`RunResult` whose ``stuck`` is the job's
-        error (every rank's; the job is unusable after it) and whose ``outputs`` are every rank's."""
+        error (every rank's; the job then runs again, :meth:`recover`, as the runner stays usable
+        after a stuck launch) and whose ``outputs`` are every rank's."""
         if dtype == "bfloat16":
             raise ValueError("a job's run passes numpy arrays, which hold no bfloat16 (run it through "
                              "torch tensors)")
@@ -143,6 +154,7 @@ class LocalJob:
                                    together=together, direct=direct, one_grid=one_grid)
         except CommunicatorError as exc:
             stuck = str(exc)
+            self.recover()
         wrong, first, coll_wrong, used = (oracle.compare(self.ir, dtype, op, outs, inputs, False)
                                           if outs is not None else (0, None, -1, None))
         c0 = self.comms[0]

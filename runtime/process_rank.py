@@ -156,6 +156,20 @@ class ProcessRank:
             raise CommunicatorError(f"rank {self.rank}: the communicator is unusable after an earlier "
                                     f"failure: {self._broken}")
 
+    def _rejoin(self, seq: int, calls: int) -> None:
+        """After a failed call of a job whose ranks are threads of this process, once every rank's
+        wait has ended (each rank's kernel stopped): forget the failure and go on from barrier
+        ``seq`` and call ``calls``, the most any rank reached, with the LL slots zeroed at the
+        next LL call (the failed call may have left anything in them). A kernel that ignores the
+        abort flag may still run: that rank stays unusable."""
+        if self._closed or (self._broken and "ignores the abort flag" in self._broken):
+            raise CommunicatorError(f"rank {self.rank}: cannot run again: "
+                                    f"{self._broken or 'the communicator is closed'}")
+        self._broken = None
+        self._hosts.rejoin(seq)
+        self._calls = int(calls)
+        self.ll_epochs.next, self.ll_epochs.dirty = 0, True
+
     # ------------------------------------------------------------------ one collective
     def _run(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None) -> None:
         """One launch of ``count`` elements (the full buffer), the one per-call recipe

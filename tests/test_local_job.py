@@ -6,6 +6,7 @@ one rank per process takes, in threads), whose outputs are compared with the col
 definition (:func:`hccc.runtime.reference.expected`, computed from the inputs alone)."""
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import time
@@ -343,3 +344,29 @@ def test_a_jobs_run_counts_what_the_oracle_does_not_expect():
     assert "allreduce needs" in res.first_wrong
     with pytest.raises(ValueError, match="no bfloat16"):
         LocalJob.run(job, 8, dtype="bfloat16")
+
+
+@needs_gxx
+def test_a_stuck_run_is_reported_and_the_job_runs_again():
+    """Two ranks that each receive before they send: every rank's kernel times out and the run
+    says where (as the runner's does, from the error record), and the job stays usable; after a
+    call the ranks disagree on, a good call runs."""
+    from codegen_irs import stuck_ir
+    from hccc.runtime.local_job import LocalJob
+    with LocalJob(stuck_ir(), timeout_s=20, kernel_timeout_s=0.5, nthreads=2) as job:
+        for count in (16, 40):
+            res = job.run(count)
+            assert res.stuck is not None and not res.ok
+            assert re.search(r"rank [01], TB 0 stuck in recv for chunk [01] \(micro-batch 0\): waiting for "
+                             r"data from rank [01]", res.stuck), res.stuck
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=20) as job:
+        with pytest.raises(CommunicatorError, match="every rank must make the same call"):
+            job.each(lambda r, comm: comm.all_reduce(np.ones(10 + 2 * r, np.float32)))
+        with pytest.raises(CommunicatorError, match="unusable after an earlier failure"):
+            job.collective([np.ones(8, np.float32)] * 2, 8)
+        job.recover()
+        for proto in ("simple", "ll"):
+            for comm in job.comms:
+                comm.proto = proto
+            assert job.run(100 + len(proto)).ok
