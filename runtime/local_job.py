@@ -134,34 +134,41 @@ class LocalJob:
             c._rejoin(seq, calls)
 
     def run(self, count: int, *, dtype: str = "float32", op: str = "sum", seed: int = 0,
-            together: bool = True, direct: bool = False, one_grid: bool = False) -> RunResult:
-        """One call at ``count`` elements of full buffer on the oracle's inputs
-        (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``), out of place, launched as
-        :meth:`collective` launches, compared as the single-process runner compares
+            together: bool = True, direct: bool = False, one_grid: bool = False, warmup: int = 0,
+            iters: int = 1) -> RunResult:
+        """``warmup + iters`` calls at ``count`` elements of full buffer, each on the oracle's
+        inputs (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``) into garbage outputs, out
+        of place, launched as :meth:`collective` launches (the mean time of the timed ones when
+        launched together), the last compared as the single-process runner compares
         (:func:`hccc.runtime.oracle.compare`): a :class:`RunResult` whose ``stuck`` is the job's
         error (every rank's; the job then runs again, :meth:`recover`, as the runner stays usable
         after a stuck launch) and whose ``outputs`` are every rank's."""
         if dtype == "bfloat16":
             raise ValueError("a job's run passes numpy arrays, which hold no bfloat16 (run it through "
                              "torch tensors)")
+        if iters < 1 or warmup < 0:
+            raise ValueError("iters must be >= 1 and warmup >= 0")
         spec = SPECS[self.ir.collective]
         op = op if spec.reduces else "sum"
         count = reference.alltoall_count(int(count), count_unit(self.ir))
         inputs = oracle.make_inputs(self.ir, count, dtype, op, seed)
-        outs, stuck = None, None
+        device = [oracle.to_device(x, dtype) for x in inputs]
+        outs, stuck, times = None, None, []
         try:
-            outs = self.collective([oracle.to_device(x, dtype) for x in inputs], count, op,
-                                   together=together, direct=direct, one_grid=one_grid)
+            for it in range(warmup + iters):
+                outs = self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid)
+                if together and it >= warmup:
+                    times.append(self.last_time_us)
         except CommunicatorError as exc:
-            stuck = str(exc)
+            outs, stuck = None, str(exc)
             self.recover()
         wrong, first, coll_wrong, used = (oracle.compare(self.ir, dtype, op, outs, inputs, False)
                                           if outs is not None else (0, None, -1, None))
         c0 = self.comms[0]
         return RunResult(bytes=count * ELEMENT_BYTES[dtype], count=count, dtype=dtype, op=op, inplace=False,
-                         wrong=int(wrong), time_us=float(self.last_time_us) if together and outs is not None
-                         else float("nan"), stuck=stuck, first_wrong=first, collective=self.ir.collective,
-                         nranks=self.nranks, iters=1 if outs is not None else 0,
+                         wrong=int(wrong), time_us=float(np.mean(times)) if times else float("nan"),
+                         stuck=stuck, first_wrong=first, collective=self.ir.collective,
+                         nranks=self.nranks, iters=len(times) if together else 0,
                          collective_wrong=int(coll_wrong), nthreads=c0.block, oracle=used, outputs=outs,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
                          checks=1 if outs is not None else 0)

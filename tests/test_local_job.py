@@ -316,8 +316,9 @@ def test_a_jobs_run_is_the_runners_run(alg, count, dtype, op, how):
     from hccc.runtime.local_job import LocalJob
     ir = build_program(alg, chunk_bytes=64)
     with LocalJob(ir, timeout_s=30, dtype=dtype, op=op) as job:
-        got = job.run(count, dtype=dtype, op=op, seed=count, **how)
+        got = job.run(count, dtype=dtype, op=op, seed=count, warmup=1, iters=2, **how)
     assert got.ok, (got.stuck, got.first_wrong)
+    assert got.iters == 2 and got.time_us > 0
     with Runner(ir, "cpu", dtype, op) as runner:
         want = runner.run(count=count, seed=count, keep_outputs=True)
     assert want.ok and want.count == got.count
