@@ -31,15 +31,15 @@ import numpy as np
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.ir.extents import count_unit
 from hccc.runtime import oracle, reference
-from hccc.runtime.gpu import grid_symbol
-from hccc.runtime.kernel_abi import Args
-from hccc.runtime.platform import Instance
-from hccc.runtime.rank_memory import grid_argument
 from hccc.runtime.bootstrap import local_bootstraps
 from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
 from hccc.runtime.direct_peers import peers_blob, peers_usable
+from hccc.runtime.gpu import grid_symbol
+from hccc.runtime.kernel_abi import Args
 from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, program_layout
+from hccc.runtime.platform import Instance
+from hccc.runtime.rank_memory import grid_argument
 
 
 class LocalJob:
