@@ -59,6 +59,9 @@ class Bootstrap:
     #: a ``threading.Condition`` every rank of the job shares when its ranks are threads of this
     #: process (:class:`LocalBootstrap`), which their host barriers wait on; None otherwise
     wake = None
+    #: every rank of the job is a thread of this process: the ranks exchange their memory's
+    #: pointers, not handles to map (:class:`LocalBootstrap`)
+    same_process = False
 
     def all_gather(self, data: bytes, tag: str) -> list[bytes]:
         """Every rank's ``data`` (in rank order); ``tag`` names the exchange (unique per call)."""
@@ -217,6 +220,8 @@ class LocalRendezvous:
 
 class LocalBootstrap(Bootstrap):
     """Rank ``rank`` of a job whose ranks are threads of this process, meeting at ``rendezvous``."""
+
+    same_process = True
 
     def __init__(self, rendezvous: LocalRendezvous, rank: int):
         if not 0 <= int(rank) < rendezvous.world_size:

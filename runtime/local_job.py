@@ -174,8 +174,15 @@ class LocalJob:
                          checks=1 if outs is not None else 0)
 
     def close(self) -> None:
-        """Close every rank's communicator (together: a peer that closes first is not a failure)."""
+        """Close every rank's communicator (together: a peer that closes first is not a failure).
+        Where a rank's kernel ignores the abort flag, no rank frees its memory: the ranks reach
+        each other's memory as it is (no mapping of their own keeps it), and that kernel may
+        still touch any of it."""
         comms, self.comms = self.comms, []
+        running = next((c._broken for c in comms if c._broken and "ignores the abort flag" in c._broken), None)
+        if running is not None:
+            for c in comms:
+                c._broken = running
         _together(len(comms), lambda r: comms[r].close())
 
     def __enter__(self):

@@ -371,3 +371,31 @@ def test_a_stuck_run_is_reported_and_the_job_runs_again():
             for comm in job.comms:
                 comm.proto = proto
             assert job.run(100 + len(proto)).ok
+
+
+@needs_gxx
+def test_ranks_in_threads_reach_each_others_memory_without_mapping_it():
+    """In-process ranks exchange pointers: no rank maps a peer's control block, FIFOs or flags
+    (only host segments, which every rank shares as in separate processes), and the calls run."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        assert all(c._owned.imported == [] for c in job.comms)
+        assert all(set(c._owned.peer_flags) == {0, 1, 2} - {c.rank} for c in job.comms)
+        got = job.collective([np.full(30, r + 1, np.float32) for r in range(3)], 30)
+        assert all(np.array_equal(g, np.full(30, 6, np.float32)) for g in got)
+
+
+@needs_gxx
+def test_no_rank_frees_memory_a_peers_runaway_kernel_may_touch():
+    """A rank whose kernel ignores the abort flag keeps every rank's memory (they reach each
+    other's memory as it is): closing the job gives back none of it."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    job = LocalJob(ir, timeout_s=30)
+    freed = []
+    for c in job.comms:
+        c._owned.release = lambda kernel_running, r=c.rank: freed.append((r, kernel_running))
+    job.comms[1]._broken = "kernel still running after 1 s; the kernel ignores the abort flag"
+    job.close()
+    assert sorted(freed) == [(0, True), (1, True)]
