@@ -36,6 +36,7 @@ from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
 from hccc.runtime.direct_peers import peers_blob, peers_usable
 from hccc.runtime.gpu import grid_symbol
+from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.kernel_abi import Args
 from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, program_layout
 from hccc.runtime.platform import Instance
@@ -71,7 +72,7 @@ class LocalJob:
         """``step(rank, communicator)`` on every rank at once, one thread each; the results in rank
         order, or :class:`CommunicatorError` naming every rank that raised (a failed call leaves
         every communicator unusable, as in separate processes)."""
-        got = _together(self.nranks, lambda r: step(r, self.comms[r]))
+        got = _together(self.nranks, lambda r: step(r, self.comms[r]), self._interrupt)
         errors = [e for _, e in got]
         if any(e is not None for e in errors):
             raise _job_error(errors, "in a call")
@@ -123,6 +124,14 @@ class LocalJob:
             if group is not None:
                 group.free()
 
+    def _interrupt(self) -> None:
+        """Ctrl-C during a call: every rank gives up at once (its host barrier or the wait for its
+        kernel polls the reason, :attr:`~hccc.runtime.process_rank.ProcessRank.watch`) and its
+        kernel is aborted; the call fails on every rank (:meth:`recover` runs the job again)."""
+        for c in self.comms:
+            c.watch = lambda: "interrupted (Ctrl-C)"
+            c.flags.raise_abort()
+
     def recover(self) -> None:
         """After a failed call (:meth:`each`, :meth:`collective`): every rank forgets the failure
         and the job runs again, as the single-process runner runs again after a stuck launch
@@ -131,6 +140,7 @@ class LocalJob:
         seq = max(c._hosts._seq for c in self.comms)
         calls = max(c._calls for c in self.comms)
         for c in self.comms:
+            c.watch = None
             c._rejoin(seq, calls)
 
     def run(self, count: int, *, dtype: str = "float32", op: str = "sum", seed: int = 0,
@@ -192,22 +202,38 @@ class LocalJob:
         self.close()
 
 
-def _together(n: int, fn) -> list[tuple[object, BaseException | None]]:
+def _together(n: int, fn, interrupted=None) -> list[tuple[object, BaseException | None]]:
     """``fn(r)`` for every ``r`` below ``n``, each in its own thread, all at once: (result, None)
     or (None, the exception) per rank. Every call is bounded by the communicators' own timeouts,
-    so the threads are joined without one."""
+    so the threads are waited for without one. Ctrl-C meanwhile (or a thread the system refuses):
+    ``interrupted()`` tells the ranks to give up, the threads started end (further presses held
+    back), then the KeyboardInterrupt (or the refusal) goes on."""
     got: list = [(None, None)] * n
+    # each thread's end, waited for on an Event: a Thread.join that Ctrl-C interrupts may take the
+    # thread for ended while it runs (CPython 3.11's join releases the lock the thread holds)
+    ended = [threading.Event() for _ in range(n)]
 
     def run(r):
         try:
             got[r] = (fn(r), None)
         except BaseException as exc:   # reported per rank, never lost in a thread
             got[r] = (None, exc)
+        finally:
+            ended[r].set()
     threads = [threading.Thread(target=run, args=(r,), name=f"hccc-rank-{r}", daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        for e in ended[:len(threads)]:
+            e.wait()
+    except BaseException:    # Ctrl-C, or no thread to spare: the ranks started give up and end
+        with deferred_interrupts():
+            if interrupted is not None:
+                interrupted()
+            for t, e in zip(threads, ended):
+                if t.ident is not None:       # (started)
+                    e.wait()
+        raise
     return got
 
 

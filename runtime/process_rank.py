@@ -145,9 +145,14 @@ class ProcessRank:
 
     def _barrier(self, what: str) -> None:
         """Host barrier through the host segments, watching the peers (:meth:`HostSegments.barrier`)."""
-        why = self._hosts.barrier(what, self.watch)
+        why = self._hosts.barrier(what, self._watching)
         if why:
             raise self._fail(why, abort_peers=False)
+
+    def _watching(self) -> str | None:
+        """:attr:`watch`'s reason to give up, asked as it is at each poll (it may be set while a
+        call waits), or None."""
+        return self.watch() if self.watch is not None else None
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -301,7 +306,7 @@ class ProcessRank:
         platform that launched it, when not this rank's own (ranks of one process launched as one
         grid by a peer's platform)."""
         got = wait_for_kernel(pf or self._pf, self.flags, self._hosts, self._net, self.ir, call=self._calls,
-                              watch=self.watch, timeout_s=self.timeout_s,
+                              watch=self._watching, timeout_s=self.timeout_s,
                               kernel_timeout_s=self.kernel_timeout_s,
                               abort_peers=self._owned.abort_peers, method=method)
         if got is None:

@@ -399,3 +399,30 @@ def test_no_rank_frees_memory_a_peers_runaway_kernel_may_touch():
     job.comms[1]._broken = "kernel still running after 1 s; the kernel ignores the abort flag"
     job.close()
     assert sorted(freed) == [(0, True), (1, True)]
+
+
+@needs_gxx
+def test_ctrl_c_during_a_call_stops_every_rank_at_once_and_the_job_runs_again():
+    """Ctrl-C while the ranks' kernels wait on each other (a deadlock with a long spin-wait
+    limit): every rank gives up and its kernel is aborted within seconds, the KeyboardInterrupt
+    goes on, and the job runs again after :meth:`recover` (a stuck call, then reported)."""
+    import os
+    import signal
+    from codegen_irs import stuck_ir
+    from hccc.runtime.local_job import LocalJob
+    with LocalJob(stuck_ir(), timeout_s=60, kernel_timeout_s=60, nthreads=2) as job:
+        def step(r, comm):
+            if r == 0:
+                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+            comm.all_gather(np.ones(8, np.float32), np.zeros(16, np.float32))
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            job.each(step)
+        assert time.monotonic() - t0 < 15
+        assert all(c._broken and "interrupted (Ctrl-C)" in c._broken for c in job.comms), \
+            [c._broken for c in job.comms]
+        job.recover()
+        for c in job.comms:
+            c.kernel_timeout_s = 0.5
+        res = job.run(16)
+        assert res.stuck is not None and "stuck in recv" in res.stuck, res.stuck
