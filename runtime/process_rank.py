@@ -113,7 +113,8 @@ class ProcessRank:
         key = (dtype, op)
         if key not in self._kernels:
             pf, prog = self._pf, self._prog
-            lib = pf.build(prog.gendir, prog.manifest, Instance(dtype, op), ranks=[self.rank])
+            ranks, scope = self._library()
+            lib = pf.build(prog.gendir, prog.manifest, Instance(dtype, op), ranks=ranks, **scope)
             fn = pf.load(lib).function(prog.kernel_symbol(self.rank, dtype, op))
             if self._auto_threads and self.grid > 0:   # fewer threads per block until the grid fits
                 flavour = self.rank_platform[self.rank]
@@ -131,6 +132,12 @@ class ProcessRank:
                 raise CommunicatorError(f"rank {self.rank}: {exc}") from None
             self._kernels[key] = fn
         return self._kernels[key]
+
+    def _library(self) -> tuple[list[int], dict]:
+        """The ranks whose kernels this rank's library holds and its memory scope
+        (:meth:`Platform.build`'s keywords): this rank's only, ordered at system scope (its peers
+        are other processes)."""
+        return [self.rank], {}
 
     # ------------------------------------------------------------------ failure detection
     def _fail(self, why: str, *, abort_peers: bool = True) -> CommunicatorError:
