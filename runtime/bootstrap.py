@@ -1,8 +1,8 @@
 """Bootstrap for one rank per process: exchanging bytes between the ranks of a job, through
 torch.distributed (an existing engine, not a home-made one; ``pip install 'hccc[dist]'``).
 
-Three ways in, all giving a :class:`Bootstrap` with ``all_gather(bytes) -> [bytes per rank]`` and
-``barrier()``:
+Three ways in for ranks in separate processes, all giving a :class:`Bootstrap` with
+``all_gather(bytes) -> [bytes per rank]`` and ``barrier()``:
 
 - a torch ``ProcessGroup`` (``group=``), or the default group when ``torch.distributed`` is
   initialised (``torchrun``, any launcher torch supports): :func:`torch.distributed.
@@ -17,11 +17,16 @@ With a store, every communicator takes its keys under a prefix of its own (``hcc
 ``n`` counting the communicators this rank made on that store), so a later communicator on the
 same store never reads an earlier one's keys; a rank that does not arrive within ``timeout_s`` is
 named in the error (:class:`BootstrapError`), never waited for forever.
+
+The ranks of a job may also be threads of one process: :func:`local_bootstraps` gives each its
+:class:`LocalBootstrap`, all meeting at one :class:`LocalRendezvous` in memory (no torch needed),
+with the same errors (a missing rank named at the timeout, a failed rank's reason at once).
 """
 from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from datetime import timedelta
 from urllib.parse import urlparse
@@ -51,6 +56,12 @@ class Bootstrap:
 
     rank: int
     world_size: int
+    #: a ``threading.Condition`` every rank of the job shares when its ranks are threads of this
+    #: process (:class:`LocalBootstrap`), which their host barriers wait on; None otherwise
+    wake = None
+    #: every rank of the job is a thread of this process: the ranks exchange their memory's
+    #: pointers, not handles to map (:class:`LocalBootstrap`)
+    same_process = False
 
     def all_gather(self, data: bytes, tag: str) -> list[bytes]:
         """Every rank's ``data`` (in rank order); ``tag`` names the exchange (unique per call)."""
@@ -153,6 +164,84 @@ class GroupBootstrap(Bootstrap):
         return [bytes(x) for x in out]
 
 
+class LocalRendezvous:
+    """Where the ``world_size`` ranks of one job in this process (threads) meet: each exchange's
+    data by tag, kept until every rank has read it, and the first failure reported."""
+
+    def __init__(self, world_size: int, timeout_s: float = 60.0):
+        if int(world_size) < 1:
+            raise BootstrapError(f"a job has at least one rank, not {world_size}")
+        self.world_size, self.timeout_s = int(world_size), float(timeout_s)
+        self._cond = threading.Condition()
+        #: what the ranks' host barriers wait on and notify (:attr:`Bootstrap.wake`)
+        self.wake = threading.Condition()
+        #: tag -> (each rank's data or None, ranks that have read it)
+        self._steps: dict[str, tuple[list, set]] = {}
+        #: the first failure reported, "rank R: reason", or None
+        self.failed: str | None = None
+
+    def all_gather(self, rank: int, data: bytes, tag: str) -> list[bytes]:
+        """Rank ``rank``'s ``data`` for step ``tag``; every rank's, in rank order, once all gave
+        theirs (the step is forgotten when the last rank has read it)."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            got, read = self._steps.setdefault(tag, ([None] * self.world_size, set()))
+            if got[rank] is not None or rank in read:
+                raise BootstrapError(f"rank {rank} took part in step '{tag}' twice (communicator set-up)")
+            got[rank] = bytes(data)
+            self._cond.notify_all()
+            while True:
+                if self.failed is not None:
+                    raise BootstrapError(f"the set-up failed on {self.failed} (communicator set-up, "
+                                         f"step '{tag}')")
+                missing = [r for r, d in enumerate(got) if d is None]
+                if not missing:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BootstrapError(
+                        f"rank{'s' if len(missing) > 1 else ''} {_ranges(missing)} of {self.world_size} "
+                        f"did not arrive within {self.timeout_s:g} s (communicator set-up, step "
+                        f"'{tag}'); a peer that died or was never started cannot be waited for")
+                self._cond.wait(left)
+            read.add(rank)
+            if len(read) == self.world_size:
+                del self._steps[tag]
+            return list(got)
+
+    def fail(self, rank: int, reason: str) -> None:
+        """Rank ``rank``'s set-up failed: every rank waiting, or arriving later, ends with it (the
+        first failure is the one every peer names)."""
+        with self._cond:
+            if self.failed is None:
+                self.failed = f"rank {rank}: {reason}"[:2000]
+            self._cond.notify_all()
+
+
+class LocalBootstrap(Bootstrap):
+    """Rank ``rank`` of a job whose ranks are threads of this process, meeting at ``rendezvous``."""
+
+    same_process = True
+
+    def __init__(self, rendezvous: LocalRendezvous, rank: int):
+        if not 0 <= int(rank) < rendezvous.world_size:
+            raise BootstrapError(f"rank {rank} is not in 0..{rendezvous.world_size - 1}")
+        self.rendezvous, self.rank, self.world_size = rendezvous, int(rank), rendezvous.world_size
+        self.wake = rendezvous.wake
+
+    def all_gather(self, data: bytes, tag: str) -> list[bytes]:
+        return self.rendezvous.all_gather(self.rank, data, tag)
+
+    def fail(self, reason: str) -> None:
+        self.rendezvous.fail(self.rank, reason)
+
+
+def local_bootstraps(world_size: int, *, timeout_s: float = 60.0) -> list[LocalBootstrap]:
+    """One :class:`LocalBootstrap` per rank of a job of ``world_size`` threads of this process."""
+    rv = LocalRendezvous(world_size, timeout_s)
+    return [LocalBootstrap(rv, r) for r in range(rv.world_size)]
+
+
 def store_from_url(url: str, rank: int, world_size: int, timeout_s: float = 60.0):
     """A ``torch.distributed`` store for ``tcp://HOST:PORT``, ``file:///PATH`` or ``env://``."""
     dist = _torch_dist()
@@ -211,5 +300,5 @@ def make_bootstrap(rank: int | None, world_size: int | None, *, group=None, stor
     return b
 
 
-__all__ = ["Bootstrap", "BootstrapError", "StoreBootstrap", "GroupBootstrap", "make_bootstrap",
-           "store_from_url"]
+__all__ = ["Bootstrap", "BootstrapError", "StoreBootstrap", "GroupBootstrap", "LocalBootstrap",
+           "LocalRendezvous", "local_bootstraps", "make_bootstrap", "store_from_url"]

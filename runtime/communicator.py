@@ -176,6 +176,7 @@ class Communicator(ProcessRank):
         except BootstrapError as exc:
             raise CommunicatorError(str(exc)) from None
         self.rank, self.world_size = int(self._boot.rank), int(self._boot.world_size)
+        self._wake = getattr(self._boot, "wake", None)
         if self.world_size != ir.nranks:
             raise CommunicatorError(f"{ir.name} is an algorithm for {ir.nranks} ranks; this job has "
                                     f"{self.world_size}")
@@ -220,7 +221,10 @@ class Communicator(ProcessRank):
               "platform": pf.name, "ctrl": pf.ipc_export(mem.ctrl).hex(),
               "slots": pf.ipc_export(mem.slots).hex(),
               "flags": pf.ipc_export(self._owned.flags_ptr).hex() if self._owned.flags_ptr is not None else "",
-              "hostseg": self._hosts.own.handle.hex()}
+              "hostseg": self._hosts.own.handle.hex(),
+              # ranks that are threads of one process reach each other's memory as it is
+              "ptrs": ([mem.ctrl, mem.slots, self._owned.flags_ptr or 0]
+                       if getattr(self._boot, "same_process", False) else None)}
         peers = [json.loads(b) for b in self._all_gather(json.dumps(me).encode(), "handles")]
         self.nodes = nodes = [p["node"] for p in peers]
         self._check_nodes(peers, my_node)
@@ -266,11 +270,16 @@ class Communicator(ProcessRank):
         """Map what this rank needs of every peer: the host segment (across nodes: its mirror),
         the control and slot blocks of the peers its connection tables point into (the receivers
         of its sends, the senders of what it receives) and, on the CPU emulation, their flags.
-        Returns peer -> (control block, slot block) in this process."""
+        A peer that is a thread of this process (an in-process bootstrap) gives its pointers
+        themselves: nothing of it is mapped but its host segment. Returns peer -> (control block,
+        slot block) in this process."""
         targets, bases = self._plans[self.rank].peers(), {}
+        here = os.getpid()
 
-        def imported(handle: str) -> int:
-            return self._owned.import_segment(bytes.fromhex(handle))
+        def imported(p: dict, key: str) -> int:
+            if p.get("ptrs") is not None and int(p["pid"]) == here:
+                return int(p["ptrs"][("ctrl", "slots", "flags").index(key)])
+            return self._owned.import_segment(bytes.fromhex(p[key]))
 
         try:
             for r, p in enumerate(peers):
@@ -280,9 +289,9 @@ class Communicator(ProcessRank):
                     self._hosts.attach(r, mirror=self._net.host_mirror(r))
                     continue
                 if r in targets:
-                    bases[r] = (imported(p["ctrl"]), imported(p["slots"]))
+                    bases[r] = (imported(p, "ctrl"), imported(p, "slots"))
                 if self._owned.shared_flags:
-                    self._owned.peer_flags[r] = imported(p["flags"])
+                    self._owned.peer_flags[r] = imported(p, "flags")
                 self._hosts.attach(r, bytes.fromhex(p["hostseg"]))
         except (PlatformError, shm.ShmError) as exc:
             raise CommunicatorError(f"rank {self.rank}: cannot map a peer's memory: {exc}") from None

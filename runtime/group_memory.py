@@ -3,8 +3,9 @@
 in memory its peers reach, its connection tables, its table in table mode), the LL flag epochs of
 those FIFOs, the abort flag and error record every rank's kernels share, and the one-grid entry's
 argument array; and what each launch writes into it: the counters and flags zeroed, the ranks'
-packed arguments (:meth:`GroupMemory.arguments`). Every allocation is appended to the list the
-group frees when it closes.
+packed arguments (:meth:`GroupMemory.arguments`). Every allocation is held by a
+:class:`~hccc.runtime.rank_allocations.RankAllocations`, one per rank (as a one-rank-per-process
+Communicator holds its own) and one for the flags, in the list the group releases when it closes.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 from hccc.compiler.backend import abi
 from hccc.runtime.kernel_abi import Args, ErrorRecord, TableArgs, grid_first
 from hccc.runtime.ll_epoch import LLEpochs
+from hccc.runtime.rank_allocations import RankAllocations
 from hccc.runtime.rank_memory import LaunchFlags, RankMemory, grid_argument
 from hccc.runtime.run_buffers import RunBuffers
 
@@ -22,20 +24,25 @@ from hccc.runtime.run_buffers import RunBuffers
 class GroupMemory:
     """Allocate the memory of ``plans`` (one rank plan per rank) on ``rank_pf`` (each rank's
     Platform object) at ``placement`` (each rank's device); ``platform`` holds the flags,
-    ``allocs`` receives every ``(platform, pointer)`` allocated, ``tables`` (table mode) each
+    ``allocations`` receives the :class:`RankAllocations` of every rank, then the flags' (the
+    caller releases them, also when this constructor fails half-way), ``tables`` (table mode) each
     rank's table, None otherwise. The same :class:`RankMemory` code allocates a
     one-rank-per-process Communicator's."""
 
-    def __init__(self, plans, rank_pf: list, placement, platform, allocs: list, tables=None):
-        self.rank_pf, self.placement, self.platform, self.allocs = rank_pf, placement, platform, allocs
+    def __init__(self, plans, rank_pf: list, placement, platform, allocations: list, tables=None):
+        self.rank_pf, self.placement, self.platform = rank_pf, placement, platform
+        N = len(plans)
+        #: each rank's allocations, and the flags'
+        self.owned = [RankAllocations(pf) for pf in rank_pf[:N]]
+        self.flags_owned = RankAllocations(platform)
+        allocations.extend(self.owned + [self.flags_owned])
         self._tables = tables
         self._rank_memories(plans)
-        N = len(plans)
         # the abort flag: pinned, mapped host memory; the error record: rank 0's memory (every
         # rank's kernels reach it; the first to time out claims it with a CAS)
-        self.abort_ptr = platform.host_flags(64)
-        allocs.append((platform, self.abort_ptr))
-        self.error_ptr = self.malloc(0 if N else None, ctypes.sizeof(ErrorRecord))
+        self.abort_ptr = self.flags_owned.host_flags(64)
+        platform.set_device(self.placement[0] if N else 0)
+        self.error_ptr = self.flags_owned.local(ctypes.sizeof(ErrorRecord))
         self.flags = LaunchFlags(platform, self.abort_ptr, self.error_ptr)
         #: (abort flag, error record)
         self.flag_ptrs = (self.abort_ptr, self.error_ptr)
@@ -69,23 +76,18 @@ class GroupMemory:
         """Replace every rank's memory by that of ``plans`` (FIFOs of another slot size; no kernel
         runs): the old blocks, orphan FIFOs, connection tables and tables are freed first."""
         for r, m in enumerate(self.rank_mem):
-            pf = self.rank_pf[r]
             for ptr in m.allocations:
-                pf.free(ptr)
-                self.allocs.remove((pf, ptr))
+                self.owned[r].free(ptr)
         epochs, self.rank_mem = self.ll_epochs, []
         self._rank_memories(plans)
         # the epochs go on (what was counted stays counted); the new slots hold no LL lines yet
         epochs.dirty, self.ll_epochs = True, epochs
 
-    def malloc(self, rank: int | None, nbytes: int, *, peer: bool = False) -> int:
+    def malloc(self, rank: int, nbytes: int, *, peer: bool = False) -> int:
         """Memory on ``rank``'s platform and device (kept until the group closes); ``peer``: memory
         other ranks' kernels touch while running (:meth:`Platform.malloc_peer`)."""
-        pf = self.rank_pf[rank] if rank is not None else self.platform
-        pf.set_device(self.placement[rank] if rank is not None else 0)
-        ptr = pf.malloc_peer(int(nbytes)) if peer else pf.malloc(int(nbytes))
-        self.allocs.append((pf, ptr))
-        return ptr
+        self.rank_pf[rank].set_device(self.placement[rank])
+        return self.owned[rank].local(int(nbytes), peer=peer)
 
     def alloc_grid_args(self, grid) -> None:
         """The one-grid entry's memory: every rank's kernel argument in one device array (filled

@@ -82,10 +82,15 @@ class HostSegments:
     """Rank ``rank``'s host segment (created here, :attr:`own`) and the ones of its peers
     (:attr:`peers`, mapped by :meth:`attach` or given as the network's mirrors), with the peers'
     process ids and nodes (:meth:`know`) and the network link of a job across nodes (:attr:`net`,
-    or None) for telling whether a peer is alive. ``timeout_s``: how long a barrier waits."""
+    or None) for telling whether a peer is alive. ``timeout_s``: how long a barrier waits.
+    ``wake``: the condition every rank of a job whose ranks are threads of this process shares
+    (:attr:`hccc.runtime.bootstrap.Bootstrap.wake`), or None: a rank that reaches a barrier
+    notifies it, and a waiting rank sleeps on it instead of polling."""
 
-    def __init__(self, rank: int, nranks: int, timeout_s: float):
+    def __init__(self, rank: int, nranks: int, timeout_s: float, wake=None):
         self.rank, self.nranks, self.timeout_s = int(rank), int(nranks), float(timeout_s)
+        self.wake = wake
+        self._pid = os.getpid()
         self.own = shm.create(host_segment_bytes(nranks))
         self.mine = words(self.own)
         self.mine[_H_PID] = os.getpid()
@@ -124,7 +129,8 @@ class HostSegments:
                 return f"rank {r} closed its communicator"
             elif self.net is not None and (lost := self.net.peer_problem(r, w)):
                 return lost         # across nodes: connection lost, heartbeat stopped
-            elif (self.net is None or r not in self.net.remote) and not shm.process_alive(self.pids[r]):
+            elif ((self.net is None or r not in self.net.remote) and self.pids[r] != self._pid
+                  and not shm.process_alive(self.pids[r])):     # (a rank of this process runs)
                 where = f" on node {self.nodes[r]}" if self.net is not None else ""
                 return f"rank {r} (process {self.pids[r]}{where}) exited"
         return failed
@@ -134,6 +140,15 @@ class HostSegments:
         text = why.encode("utf-8")[:_REASON_MAX - 1] + b"\0"
         self.own._map[_REASON_AT:_REASON_AT + len(text)] = text
         self.mine[_H_STATE] = FAILED
+
+    def rejoin(self, seq: int) -> None:
+        """This rank runs again after a failure every rank of an in-process job has seen (its
+        peers rejoin with it): the state running, the reason gone, and ``seq`` barriers passed
+        (the most any rank of the job passed)."""
+        self.own._map[_REASON_AT:_REASON_AT + _REASON_MAX] = bytes(_REASON_MAX)
+        self._seq = int(seq)
+        self.mine[_H_SEQ] = self._seq
+        self.mine[_H_STATE] = RUNNING
 
     def mark_closed(self) -> None:
         self.mine[_H_STATE] = CLOSED
@@ -149,6 +164,9 @@ class HostSegments:
         self._seq += 1
         target = self._seq
         self.mine[_H_SEQ] = target
+        if self.wake is not None:
+            with self.wake:
+                self.wake.notify_all()
         start = time.monotonic()
         deadline = start + self.timeout_s
         waiting = list(self.peers)
@@ -166,8 +184,13 @@ class HostSegments:
             if now > deadline:
                 return (f"rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} did not "
                         f"reach {what} within {self.timeout_s:g} s")
-            # yield for the first millisecond (peers usually arrive within it), then sleep
-            time.sleep(0 if now - start < 1e-3 else _POLL_S)
+            if self.wake is None:
+                # yield for the first millisecond (peers usually arrive within it), then sleep
+                time.sleep(0 if now - start < 1e-3 else _POLL_S)
+                continue
+            with self.wake:     # checked under the lock the peers notify with: no arrival is missed
+                if any(int(words(self.peers[r])[_H_SEQ]) < target for r in waiting):
+                    self.wake.wait(_WATCH_S)
         return None
 
     def post_call(self, call: int, collective: int, count: int, type_word: int, tag: int = 0,

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import time
 
+from hccc.runtime.kernel_watch import ABORT_GRACE_S, watched_wait
 from hccc.runtime.rank_launches import describe_stuck
-from hccc.runtime.rank_memory import synchronize_in_background
 
 #: how often the wait for this rank's kernel looks at its peers
 WATCH_S = 0.02
-#: the least time an aborted kernel gets to stop, and the waiter thread to end (seconds; more
-#: with a longer spin-wait timeout): a kernel ends at its next wait, within one slot's copy
-ABORT_GRACE_S = 5.0
 #: how long a rank aborted by a peer waits for that peer's reason to arrive (its state crosses
 #: nodes through the network proxy)
 REASON_WAIT_S = 1.0
@@ -28,27 +25,20 @@ def wait_for_kernel(pf, flags, hosts, net, ir, *, call: int, watch, timeout_s: f
     ``watch``: the caller's extra reason to give up, or None; ``abort_peers()`` raises the peers'
     mapped abort flags). Returns None when the call finished, else (why it failed, whether the
     kernel still runs because it ignores the abort flag)."""
-    done, failure, waiting = synchronize_in_background([pf], "hccc-comm-wait")
     limit = timeout_s + 2 * kernel_timeout_s
-    deadline = time.monotonic() + limit
-    cause = None
-    while not done.wait(WATCH_S):
-        bad = hosts.peer_problem(call, watch)
-        if bad and cause is None:
-            cause = bad
-            flags.raise_abort()            # abort this rank's kernel
-            abort_peers()
-        if time.monotonic() > deadline:
-            if cause is None:
-                cause = f"kernel still running after {limit:g} s"
-                flags.raise_abort()
-            if time.monotonic() > deadline + max(ABORT_GRACE_S, kernel_timeout_s):
-                return f"{cause}; the kernel ignores the abort flag", True
+    grace = max(ABORT_GRACE_S, kernel_timeout_s)
+    w = watched_wait([pf], flags, limit, grace, name="hccc-comm-wait",
+                     problem=lambda: hosts.peer_problem(call, watch), on_problem=abort_peers, poll_s=WATCH_S)
+    cause = w.cause
+    if w.late and cause is None:
+        cause = f"kernel still running after {limit:g} s"
+    if not w.finished:
+        return f"{cause}; the kernel ignores the abort flag", True
     # the waiter has set `done` and is about to end: join it, so that a call that returns or
     # raises leaves no thread of its own behind
-    waiting.join(max(ABORT_GRACE_S, kernel_timeout_s))
-    if failure:
-        return f"{method}: {failure[0]}", False
+    w.waiter.join(grace)
+    if w.failure is not None:
+        return f"{method}: {w.failure}", False
     rec = flags.record()
     if cause is None and not flags.aborted and not rec.valid:
         # a finished call's puts (the last credits) land before the counters are reset

@@ -59,6 +59,9 @@ class ProcessRank:
         self.last_slice_bytes: int | None = None
         self._closed, self._broken, self._owned_pf = False, None, False
         self._net = self._pf = self._mem = self._hosts = None
+        #: the condition the ranks of an in-process job share for their host barriers, or None
+        #: (:attr:`~hccc.runtime.bootstrap.Bootstrap.wake`, set by the bootstrap)
+        self._wake = None
         #: what release() gives back (:class:`RankAllocations`; made with the memory)
         self._owned: RankAllocations | None = None
         #: (count, element bytes, protocol asked) -> (LaunchCall, this rank's layout row)
@@ -93,7 +96,7 @@ class ProcessRank:
                 mem.load_table(self._prog.tables([self.rank])[self.rank])
             except PlatformError as exc:
                 raise CommunicatorError(f"rank {self.rank}: {exc}") from None
-        self._hosts = HostSegments(self.rank, self.world_size, self.timeout_s)
+        self._hosts = HostSegments(self.rank, self.world_size, self.timeout_s, wake=self._wake)
         self._stream = pf.stream()
         self._vcalls = RankAllToAllv(
             self.ir, self.rank, self.world_size, pf, Staging(pf, own.allocs), self._hosts, run=self._run,
@@ -110,7 +113,8 @@ class ProcessRank:
         key = (dtype, op)
         if key not in self._kernels:
             pf, prog = self._pf, self._prog
-            lib = pf.build(prog.gendir, prog.manifest, Instance(dtype, op), ranks=[self.rank])
+            ranks, scope = self._library()
+            lib = pf.build(prog.gendir, prog.manifest, Instance(dtype, op), ranks=ranks, **scope)
             fn = pf.load(lib).function(prog.kernel_symbol(self.rank, dtype, op))
             if self._auto_threads and self.grid > 0:   # fewer threads per block until the grid fits
                 flavour = self.rank_platform[self.rank]
@@ -129,6 +133,12 @@ class ProcessRank:
             self._kernels[key] = fn
         return self._kernels[key]
 
+    def _library(self) -> tuple[list[int], dict]:
+        """The ranks whose kernels this rank's library holds and its memory scope
+        (:meth:`Platform.build`'s keywords): this rank's only, ordered at system scope (its peers
+        are other processes)."""
+        return [self.rank], {}
+
     # ------------------------------------------------------------------ failure detection
     def _fail(self, why: str, *, abort_peers: bool = True) -> CommunicatorError:
         """Mark this communicator broken, tell the peers (state and reason; abort flags when they
@@ -142,9 +152,14 @@ class ProcessRank:
 
     def _barrier(self, what: str) -> None:
         """Host barrier through the host segments, watching the peers (:meth:`HostSegments.barrier`)."""
-        why = self._hosts.barrier(what, self.watch)
+        why = self._hosts.barrier(what, self._watching)
         if why:
             raise self._fail(why, abort_peers=False)
+
+    def _watching(self) -> str | None:
+        """:attr:`watch`'s reason to give up, asked as it is at each poll (it may be set while a
+        call waits), or None."""
+        return self.watch() if self.watch is not None else None
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -153,13 +168,37 @@ class ProcessRank:
             raise CommunicatorError(f"rank {self.rank}: the communicator is unusable after an earlier "
                                     f"failure: {self._broken}")
 
+    def _rejoin(self, seq: int, calls: int) -> None:
+        """After a failed call of a job whose ranks are threads of this process, once every rank's
+        wait has ended (each rank's kernel stopped): forget the failure and go on from barrier
+        ``seq`` and call ``calls``, the most any rank reached, with the LL slots zeroed at the
+        next LL call (the failed call may have left anything in them). A kernel that ignores the
+        abort flag may still run: that rank stays unusable."""
+        if self._closed or (self._broken and "ignores the abort flag" in self._broken):
+            raise CommunicatorError(f"rank {self.rank}: cannot run again: "
+                                    f"{self._broken or 'the communicator is closed'}")
+        self._broken = None
+        self._hosts.rejoin(seq)
+        self._calls = int(calls)
+        self.ll_epochs.next, self.ll_epochs.dirty = 0, True
+
     # ------------------------------------------------------------------ one collective
     def _run(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None) -> None:
         """One launch of ``count`` elements (the full buffer), the one per-call recipe
         (:mod:`hccc.runtime.rank_memory`); ``v``: an AllToAllv call's
         :class:`~hccc.runtime.alltoallv_call.VCall` (``count`` is then its equal-size stand-in,
-        which sizes slice and protocol)."""
-        pf, ir = self._pf, self.ir
+        which sizes slice and protocol). Its steps: :meth:`_begin` (the call compared with the
+        peers', the counters reset, the arguments), :meth:`_launch`, :meth:`_wait`."""
+        fn, args, call, what = self._begin(method, count, dtype, op, in_p, out_p, v)
+        self._launch(fn, args, call, what)
+        self._wait(method)
+
+    def _begin(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None):
+        """Everything of :meth:`_run` before the launch: the call planned, posted and compared with
+        every peer's at a host barrier, the counters reset, the scratch and the arguments, and the
+        second barrier (nobody sends into a stale FIFO). Returns (the kernel, its
+        :class:`~hccc.runtime.kernel_abi.Args`, the :class:`LaunchCall`, the call's name)."""
+        ir = self.ir
         fn = self._kernel(dtype, op)
         es = ELEMENT_BYTES[dtype]
         call, lay = self._plan(count, es)
@@ -196,14 +235,17 @@ class ProcessRank:
         if v is not None:
             v.apply(args, ir.scratch_chunks > 0)
         self._barrier(f"{what} (counters reset)")  # nobody sends into a stale FIFO
+        return fn, args, call, what
+
+    def _launch(self, fn, args, call: LaunchCall, what: str) -> None:
+        """This rank's kernel launched on its stream with ``args`` (after :meth:`_begin`)."""
         if self._net is not None:
-            self._net.shape(self.slot_bytes, ir.max_step_chunks, call.slice_bytes)
+            self._net.shape(self.slot_bytes, self.ir.max_step_chunks, call.slice_bytes)
         if self.grid > 0:
             try:
-                pf.launch(fn, self.grid, self.block, self._mem.argument(args), self._stream)
+                self._pf.launch(fn, self.grid, self.block, self._mem.argument(args), self._stream)
             except Exception as exc:
                 raise self._refused(exc, what) from None
-        self._wait(method)
 
     def _refused(self, exc: Exception, what: str) -> Exception:
         """Memory or threads the system refused during call ``what`` (:func:`refused_memory`):
@@ -265,11 +307,13 @@ class ProcessRank:
         return ("a job across nodes runs Simple: the network proxy forwards a FIFO slot when its tail "
                 "advances, and LL messages post no tail")
 
-    def _wait(self, method: str) -> None:
+    def _wait(self, method: str, pf: Platform | None = None) -> None:
         """Wait for this rank's kernel, watching the peers (:func:`wait_for_kernel`); raise on any
-        failure (a kernel that ignores the abort flag leaves the communicator broken)."""
-        got = wait_for_kernel(self._pf, self.flags, self._hosts, self._net, self.ir, call=self._calls,
-                              watch=self.watch, timeout_s=self.timeout_s,
+        failure (a kernel that ignores the abort flag leaves the communicator broken). ``pf``: the
+        platform that launched it, when not this rank's own (ranks of one process launched as one
+        grid by a peer's platform)."""
+        got = wait_for_kernel(pf or self._pf, self.flags, self._hosts, self._net, self.ir, call=self._calls,
+                              watch=self._watching, timeout_s=self.timeout_s,
                               kernel_timeout_s=self.kernel_timeout_s,
                               abort_peers=self._owned.abort_peers, method=method)
         if got is None:

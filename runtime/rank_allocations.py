@@ -1,5 +1,6 @@
-"""Every allocation of one rank's process (:class:`~hccc.runtime.process_rank.ProcessRank`): the
-segments it exports to its peers (its control block and receive FIFOs, and on the CPU emulation its
+"""Every allocation of one rank (a :class:`~hccc.runtime.process_rank.ProcessRank`'s, and each rank's
+of the single-process runner, :class:`~hccc.runtime.group_memory.GroupMemory`): the segments it
+exports to its peers (its control block and receive FIFOs, and on the CPU emulation its
 flags), the peers' segments it maps, its local memory (orphan FIFOs, connection tables, the error
 record, the network proxy's memory), pinned host flags and the scratch buffer that grows with the
 calls; the abort flag and error record of its launches; and their release, which leaves the
@@ -46,6 +47,18 @@ class RankAllocations:
         self.allocs.append(p)
         return p
 
+    def host_flags(self, n: int) -> int:
+        """``n`` bytes of pinned, mapped host memory the kernels read while the host writes it
+        (:meth:`Platform.host_flags`)."""
+        p = self.pf.host_flags(n)
+        self.host_flag_ptrs.append(p)
+        return p
+
+    def free(self, p: int) -> None:
+        """Give back one local allocation now (:meth:`local`), and forget it."""
+        self.pf.free(p)
+        self.allocs.remove(p)
+
     def import_segment(self, handle: bytes) -> int:
         """Map a peer's exported segment (:meth:`Platform.ipc_import`)."""
         p = self.pf.ipc_import(handle)
@@ -60,8 +73,7 @@ class RankAllocations:
             self.flags_ptr = self.exported(FLAGS_BYTES)
             self.abort, self.error = self.flags_ptr, self.flags_ptr + 64
         else:
-            self.abort = self.pf.host_flags(64)
-            self.host_flag_ptrs.append(self.abort)
+            self.abort = self.host_flags(64)
             self.error = self.local(ctypes.sizeof(ErrorRecord))
             self.flags_ptr = None
         return LaunchFlags(self.pf, self.abort, self.error)

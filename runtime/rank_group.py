@@ -16,10 +16,9 @@ platform write into them, so every pair of platforms of one run must share memor
 """
 from __future__ import annotations
 
-import numpy as np
-
 from hccc.compiler.frontend.collectives import spec_of
 from hccc.compiler.ir.program_ir import ProgramIR
+from hccc.runtime.direct_peers import direct_receive_count, ll_note, peers_blob, peers_usable
 from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram, check_codegen
 from hccc.runtime.group_memory import GroupMemory
 from hccc.runtime.interrupts import deferred_interrupts
@@ -68,7 +67,8 @@ class RankGroup:
         self.timeout_s = float(timeout_s)
         self.watchdog_s = watchdog_s
         self.table_ptr: list[int] = []
-        self._allocs: list[tuple[Platform, int]] = []
+        #: every rank's allocations and the flags' (:class:`~hccc.runtime.rank_allocations.RankAllocations`)
+        self._allocations: list = []
         self._owned: list[Platform] = []
         self.launches: RankLaunches | None = None
         self.memory: GroupMemory | None = None
@@ -123,7 +123,7 @@ class RankGroup:
         tables = self.program.tables() if self.program.table_mode else None
         with out_of_memory_at(f"allocating {self.ir.name}'s FIFOs and control blocks"):
             self.memory = mem = GroupMemory(self.rank_plans, self.rank_pf, self.placement, self.platform,
-                                            self._allocs, tables)
+                                            self._allocations, tables)
         self._mirror_memory()
         self.flags_pf, self.flags, self.abort_ptr, self.error_ptr = self.platform, mem.flags, *mem.flag_ptrs
         self.streams = []
@@ -229,48 +229,28 @@ class RankGroup:
         return times, stuck, outs, verdicts
 
     def _direct(self, call: LaunchCall, argv: list, bufs: list) -> None:
-        """Direct mode for a Simple launch (:meth:`_set_peers`); under LL every message goes
-        through the FIFO as lines (no peers array, so the kernels' direct-marked primitives take
-        the FIFO path; both ends of a message agree), which :attr:`proto_note` says."""
-        if call.proto != "ll":
-            self._set_peers(argv, bufs)
-        elif self.proto_note is None and self._peers_usable() and self.direct_receives():
-            n = self.direct_receives()
-            self.proto_note = (f"{n} direct-mode receive{'s' if n != 1 else ''} of {self.ir.name} "
-                               "run through the FIFO as LL lines (a direct write lands in the "
-                               "receiver's buffer, which has no room for LL's flags)")
-
-    def _set_peers(self, argv: list, bufs: list) -> None:
-        """Direct mode: give every rank the array of all ranks' ``hccc_args`` (``peers``), in its
-        own device memory, when all ranks run on one platform (one address space: the CPU
-        emulation, or GPUs of one process that reach each other's memory as they reach the FIFOs).
-        Not on HIP across several GPUs: the data buffers are ordinary (coarse-grained) device
-        memory there, which a peer GPU's writes need not reach coherently before the kernel ends
-        (the FIFOs are fine-grained). Otherwise ``peers`` stays 0 and every primitive uses the
-        FIFO. The arrays are freed with the run's buffers (appended to each rank's ``own`` list)."""
-        N = len(argv)
-        if N == 0 or not self._peers_usable():
+        """Direct mode for a Simple launch: every rank's ``peers`` is the array of all ranks'
+        ``hccc_args`` in its own memory, freed with the run's buffers, where the ranks share an
+        address space (:mod:`hccc.runtime.direct_peers`); under LL every message goes through the
+        FIFO as lines, which :attr:`proto_note` says."""
+        if not self._peers_usable():
             return
-        blob = np.frombuffer(b"".join(bytes(a) for a in argv), np.uint8)
-        for r in range(N):
-            argv[r].peers = bufs.stage(r, blob)
+        if call.proto != "ll":
+            blob = peers_blob(argv)
+            for r, a in enumerate(argv):
+                a.peers = bufs.stage(r, blob)
+        elif self.proto_note is None and self.direct_receives():
+            self.proto_note = ll_note(self.ir.name, self.direct_receives())
 
     def _peers_usable(self) -> bool:
-        """Whether :meth:`_set_peers` gives the ranks a peers array (direct mode can run)."""
-        if not self.rank_pf or len({pf.name for pf in self.rank_pf}) != 1:
-            return False
-        return not (self.rank_pf[0].name == "hip" and len(set(self.placement)) > 1)
+        """Whether :meth:`_direct` gives the ranks a peers array (direct mode can run)."""
+        return peers_usable(self.rank_pf, self.placement)
 
     def direct_receives(self) -> int:
         """Receives of the program its kernels run in direct mode when the launch has a peers
-        array (``direct="auto"``: those :mod:`hccc.compiler.ir.direct` proves safe; 0 with
-        ``direct="off"``)."""
+        array (:func:`~hccc.runtime.direct_peers.direct_receive_count`)."""
         if self._direct_receives is None:
-            from hccc.compiler.backend.codegen import prepare_output
-            from hccc.compiler.backend.direct_fields import direct_fields
-            ir = prepare_output(self.ir, ".", self.rank_platform)[0]   # canonical, as generated
-            dx = direct_fields(ir, self.direct)
-            self._direct_receives = 0 if dx is None else int(((dx["direct"] & 2) != 0).sum())
+            self._direct_receives = direct_receive_count(self.ir, self.rank_platform, self.direct)
         return self._direct_receives
 
     def _free_buffers(self, bufs: RunBuffers) -> None:
@@ -315,12 +295,9 @@ class RankGroup:
         self._closed = True
         if self._broken:
             return  # kernels may still use the memory: leave it
-        for pf, p in self._allocs:
-            try:
-                pf.free(p)
-            except Exception:
-                pass
-        self._allocs.clear()
+        for owned in self._allocations:
+            owned.release(kernel_running=False)
+        self._allocations.clear()
         for pf in self._owned:
             pf.close()
         self._owned.clear()

@@ -13,12 +13,8 @@ from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.kernel_abi import (V_REFUSAL, WAIT_COUNTS, WAIT_DATA, WAIT_DEP, WAIT_SLOT, ErrorRecord,
                                      op_name)
+from hccc.runtime.kernel_watch import ABORT_GRACE_S, watched_wait
 from hccc.runtime.rank_memory import synchronize_in_background
-
-#: the least time kernels get to end after the abort flag is raised by an interrupt or an error
-#: (the watchdog's own grace, :meth:`RankLaunches.wait`: at least this, or twice the spin-wait
-#: timeout); a kernel ends at its next wait, which comes within a primitive's copy of at most one slot
-STOP_GRACE_S = 5.0
 
 
 class RankLaunches:
@@ -83,15 +79,15 @@ class RankLaunches:
         return times, stuck
 
     def wait(self, limit: float) -> str | None:
-        """Synchronize under the host watchdog; None when every kernel finished."""
-        done, failure, _ = synchronize_in_background(self.distinct, "hccc-synchronize")
-        if done.wait(limit):
-            if failure:
-                raise failure[0]
+        """Synchronize under the host watchdog (:func:`~hccc.runtime.kernel_watch.watched_wait`);
+        None when every kernel finished."""
+        grace = max(ABORT_GRACE_S, 2.0 * self.timeout_s)
+        w = watched_wait(self.distinct, self.flags, limit, grace, name="hccc-synchronize")
+        if not w.late:
+            if w.failure is not None:
+                raise w.failure
             return None
-        self.flags.raise_abort()
-        grace = max(STOP_GRACE_S, 2.0 * self.timeout_s)
-        if done.wait(grace):
+        if w.finished:
             rec = self.error_message()
             return (f"host watchdog: kernels still running after {limit:.0f} s; aborted"
                     + (f" ({rec})" if rec else " (no thread block reported a timeout)"))
@@ -112,7 +108,7 @@ class RankLaunches:
                 pass
             # (an aborted kernel's error is ignored: it has stopped all the same)
             done, _, _ = synchronize_in_background(self.distinct, "hccc-stop")
-            if not done.wait(max(STOP_GRACE_S, 2.0 * self.timeout_s)):
+            if not done.wait(max(ABORT_GRACE_S, 2.0 * self.timeout_s)):
                 self.broken = "kernels still running after an interrupt ignore the abort flag"
 
     def error_message(self) -> str | None:
@@ -187,4 +183,4 @@ def describe_refusal(ir: ProgramIR, e: ErrorRecord) -> str:
             "call allocated")
 
 
-__all__ = ["RankLaunches", "describe_stuck", "describe_refusal", "STOP_GRACE_S"]
+__all__ = ["RankLaunches", "describe_stuck", "describe_refusal"]

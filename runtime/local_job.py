@@ -1,0 +1,388 @@
+"""The ranks of one job as threads of this process: one
+:class:`~hccc.runtime.communicator.Communicator` per rank (its
+:class:`~hccc.runtime.process_rank.ProcessRank`: kernel, memory, launch, wait, failure handling,
+exactly the path a job of one rank per process takes), brought together through the in-process
+bootstrap (:func:`~hccc.runtime.bootstrap.local_bootstraps`) instead of a torch.distributed store.
+
+:class:`LocalJob` makes the communicators together (a rank whose set-up fails ends every peer's at
+once, with its reason) and runs a step on every rank together (:meth:`LocalJob.each`, one thread
+per rank); :meth:`LocalJob.collective` is one call of the program's collective on every rank's
+array, the outputs returned in rank order for the caller's oracle, and :meth:`LocalJob.run` one
+call on the oracle's inputs compared with it as the single-process runner compares
+(:mod:`hccc.runtime.oracle`), a :class:`~hccc.runtime.launcher.RunResult`. Everything a rank allocates is
+POSIX shared memory or the platform's, mapped by its peers as in separate processes.
+
+A call may also be launched together, as the single-process runner launches (:class:`GroupLaunch`):
+each rank's thread takes its call through the job's steps up to the launch
+(:meth:`~hccc.runtime.process_rank.ProcessRank._begin`: compared with the peers, counters reset,
+arguments), one thread then launches every rank's kernel between one timer per rank's platform
+(with direct mode's peers array, :mod:`hccc.runtime.direct_peers`, where asked), or the one-grid
+entry once (every rank's argument in one array, rank 0's platform launching all their blocks so that
+they are resident together, from a library of every rank, :class:`GridEntry`), and each rank waits
+for its kernel watching its peers (:meth:`~hccc.runtime.process_rank.ProcessRank._wait`).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from hccc.compiler.frontend.collectives import SPECS
+from hccc.compiler.ir.extents import count_unit
+from hccc.runtime import oracle, reference
+from hccc.runtime.bootstrap import local_bootstraps
+from hccc.runtime.call_buffers import call_arrays
+from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
+from hccc.runtime.direct_peers import peers_blob, peers_usable
+from hccc.runtime.gpu import grid_symbol
+from hccc.runtime.interrupts import deferred_interrupts
+from hccc.runtime.kernel_abi import Args
+from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, program_layout
+from hccc.runtime.platform import Instance
+from hccc.runtime.rank_memory import grid_argument
+
+
+class ThreadRank(Communicator):
+    """A rank of a :class:`LocalJob`: its library holds every rank of its manifest platform,
+    built once (the build cache's turn) and loaded by each rank, with the one-grid entry; on the
+    CPU emulation, where every rank of the process runs on the one host, its memory is ordered
+    at device scope, as the single-process runner's (system scope made hm_allreduce_4x8's 1 MiB
+    launch ten times slower there)."""
+
+    def _library(self) -> tuple[list[int], dict]:
+        mine = self.rank_platform[self.rank]
+        ranks = [r for r, p in enumerate(self.rank_platform) if p == mine]
+        return ranks, ({"single_gpu": True} if self._pf.name == "cpu" else {})
+
+
+class LocalJob:
+    """The ``ir.nranks`` ranks of ``ir`` (a ProgramIR) as communicators in threads of this
+    process; ``timeout_s`` bounds the set-up and every call as for a Communicator, and every other
+    keyword (``backend``, ``dtype``, ``op``, ``proto``, ``kernel_timeout_s``, ``codegen``,
+    ``fifo_bytes``, ...) is given to each rank's :class:`Communicator`. Raises
+    :class:`CommunicatorError` naming each rank's failure when a set-up fails; nothing stays
+    allocated then."""
+
+    def __init__(self, ir, *, timeout_s: float = 60.0, **communicator_options):
+        self.ir, self.nranks = ir, int(ir.nranks)
+        #: the time of the last call launched together (:meth:`collective`), in microseconds
+        self.last_time_us: float | None = None
+        #: (dtype, op) -> the one-grid entry (:class:`GridEntry`), built on first use
+        self._grids: dict = {}
+        boots = local_bootstraps(self.nranks, timeout_s=timeout_s)
+        #: the ranks' communicators, in rank order
+        self.comms: list[ThreadRank] = []
+        made = _together(self.nranks, lambda r: ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s,
+                                                           **communicator_options))
+        self.comms = [c for c, _ in made if c is not None]
+        errors = [e for _, e in made]
+        if any(e is not None for e in errors):
+            self.close()
+            raise _job_error(errors, "setting up")
+
+    def each(self, step) -> list:
+        """``step(rank, communicator)`` on every rank at once, one thread each; the results in rank
+        order, or :class:`CommunicatorError` naming every rank that raised (a failed call leaves
+        every communicator unusable, as in separate processes)."""
+        got = _together(self.nranks, lambda r: step(r, self.comms[r]), self._interrupt)
+        errors = [e for _, e in got]
+        if any(e is not None for e in errors):
+            raise _job_error(errors, "in a call")
+        return [x for x, _ in got]
+
+    def collective(self, inputs: list, count: int, op: str = "sum", *, together: bool = False,
+                   direct: bool = False, one_grid: bool = False) -> list[np.ndarray]:
+        """One call of the program's collective at ``count`` elements of full buffer (nccl-tests'
+        S), ``inputs[r]`` rank ``r``'s array (copied; out of place, into an output of the
+        program's layout at that count): every rank's output, in rank order. ``together``: the
+        ranks' kernels launched by one thread (:class:`GroupLaunch`; the call's time in
+        :attr:`last_time_us`), with ``direct`` direct mode's peers array for a Simple call and with
+        ``one_grid`` as one launch of the one-grid entry (:class:`GridEntry`)."""
+        if len(inputs) != self.nranks:
+            raise ValueError(f"expected {self.nranks} input arrays, got {len(inputs)}")
+        if (direct or one_grid) and not together:
+            raise ValueError("direct mode's peers array and the one-grid launch need the ranks launched together")
+        spec, method = SPECS[self.ir.collective], METHODS[self.ir.collective]
+        lens = [row[1] for row in program_layout(self.ir, int(count))]
+        kwargs = {"op": op} if spec.reduces else {}
+        grid = None
+        if one_grid:
+            dtype = call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype
+            key = (dtype, op if spec.reduces else "sum")
+            grid = self._grids.get(key) or self._grids.setdefault(key, GridEntry(self.comms, *key))
+        group = GroupLaunch(self.comms, direct, grid) if together else None
+
+        # outputs start as garbage (a NaN, the most negative integer), so an element never written shows up
+        garbage = oracle.GARBAGE[call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype]
+
+        def step(r, comm):
+            x = np.array(inputs[r], copy=True)
+            out = np.full(lens[r], garbage, dtype=x.dtype)
+            if group is None:
+                return np.array(getattr(comm, method)(x, out=out, **kwargs), copy=True)
+            try:
+                group.call(r, method, x, out, op)
+            except BaseException:
+                group.gate.abort()          # the peers stop waiting for this rank's launch
+                raise
+            return np.array(out, copy=True)
+        try:
+            got = self.each(step)
+            if group is not None:
+                #: the last call launched together: microseconds from its launch to its last kernel's end
+                self.last_time_us = group.time_us()
+            return got
+        finally:
+            if group is not None:
+                group.free()
+
+    def _interrupt(self) -> None:
+        """Ctrl-C during a call: every rank gives up at once (its host barrier or the wait for its
+        kernel polls the reason, :attr:`~hccc.runtime.process_rank.ProcessRank.watch`) and its
+        kernel is aborted; the call fails on every rank (:meth:`recover` runs the job again)."""
+        for c in self.comms:
+            c.watch = lambda: "interrupted (Ctrl-C)"
+            c.flags.raise_abort()
+
+    def recover(self) -> None:
+        """After a failed call (:meth:`each`, :meth:`collective`): every rank forgets the failure
+        and the job runs again, as the single-process runner runs again after a stuck launch
+        (:meth:`~hccc.runtime.process_rank.ProcessRank._rejoin`; every rank's wait has ended when
+        the call returns). :class:`CommunicatorError` where a rank's kernel ignores the abort flag."""
+        seq = max(c._hosts._seq for c in self.comms)
+        calls = max(c._calls for c in self.comms)
+        for c in self.comms:
+            c.watch = None
+            c._rejoin(seq, calls)
+
+    def run(self, count: int, *, dtype: str = "float32", op: str = "sum", seed: int = 0,
+            together: bool = True, direct: bool = False, one_grid: bool = False, warmup: int = 0,
+            iters: int = 1) -> RunResult:
+        """``warmup + iters`` calls at ``count`` elements of full buffer, each on the oracle's
+        inputs (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``) into garbage outputs, out
+        of place, launched as :meth:`collective` launches (the mean time of the timed ones when
+        launched together), the last compared as the single-process runner compares
+        (:func:`hccc.runtime.oracle.compare`): a :class:`RunResult` whose ``stuck`` is the job's
+        error (every rank's; the job then runs again, :meth:`recover`, as the runner stays usable
+        after a stuck launch) and whose ``outputs`` are every rank's."""
+        if dtype == "bfloat16":
+            raise ValueError("a job's run passes numpy arrays, which hold no bfloat16 (run it through "
+                             "torch tensors)")
+        if iters < 1 or warmup < 0:
+            raise ValueError("iters must be >= 1 and warmup >= 0")
+        spec = SPECS[self.ir.collective]
+        op = op if spec.reduces else "sum"
+        count = reference.alltoall_count(int(count), count_unit(self.ir))
+        inputs = oracle.make_inputs(self.ir, count, dtype, op, seed)
+        device = [oracle.to_device(x, dtype) for x in inputs]
+        outs, stuck, times = None, None, []
+        try:
+            for it in range(warmup + iters):
+                outs = self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid)
+                if together and it >= warmup:
+                    times.append(self.last_time_us)
+        except CommunicatorError as exc:
+            outs, stuck = None, str(exc)
+            self.recover()
+        wrong, first, coll_wrong, used = (oracle.compare(self.ir, dtype, op, outs, inputs, False)
+                                          if outs is not None else (0, None, -1, None))
+        c0 = self.comms[0]
+        return RunResult(bytes=count * ELEMENT_BYTES[dtype], count=count, dtype=dtype, op=op, inplace=False,
+                         wrong=int(wrong), time_us=float(np.mean(times)) if times else float("nan"),
+                         stuck=stuck, first_wrong=first, collective=self.ir.collective,
+                         nranks=self.nranks, iters=len(times) if together else 0,
+                         collective_wrong=int(coll_wrong), nthreads=c0.block, oracle=used, outputs=outs,
+                         slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
+                         checks=1 if outs is not None else 0)
+
+    def close(self) -> None:
+        """Close every rank's communicator (together: a peer that closes first is not a failure).
+        Where a rank's kernel ignores the abort flag, no rank frees its memory: the ranks reach
+        each other's memory as it is (no mapping of their own keeps it), and that kernel may
+        still touch any of it."""
+        comms, self.comms = self.comms, []
+        running = next((c._broken for c in comms if c._broken and "ignores the abort flag" in c._broken), None)
+        if running is not None:
+            for c in comms:
+                c._broken = running
+        _together(len(comms), lambda r: comms[r].close())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _together(n: int, fn, interrupted=None) -> list[tuple[object, BaseException | None]]:
+    """``fn(r)`` for every ``r`` below ``n``, each in its own thread, all at once: (result, None)
+    or (None, the exception) per rank. Every call is bounded by the communicators' own timeouts,
+    so the threads are waited for without one. Ctrl-C meanwhile (or a thread the system refuses):
+    ``interrupted()`` tells the ranks to give up, the threads started end (further presses held
+    back), then the KeyboardInterrupt (or the refusal) goes on."""
+    got: list = [(None, None)] * n
+    # each thread's end, waited for on an Event: a Thread.join that Ctrl-C interrupts may take the
+    # thread for ended while it runs (CPython 3.11's join releases the lock the thread holds)
+    ended = [threading.Event() for _ in range(n)]
+
+    def run(r):
+        try:
+            got[r] = (fn(r), None)
+        except BaseException as exc:   # reported per rank, never lost in a thread
+            got[r] = (None, exc)
+        finally:
+            ended[r].set()
+    threads = [threading.Thread(target=run, args=(r,), name=f"hccc-rank-{r}", daemon=True) for r in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for e in ended[:len(threads)]:
+            e.wait()
+    except BaseException:    # Ctrl-C, or no thread to spare: the ranks started give up and end
+        with deferred_interrupts():
+            if interrupted is not None:
+                interrupted()
+            for t, e in zip(threads, ended):
+                if t.ident is not None:       # (started)
+                    e.wait()
+        raise
+    return got
+
+
+class GroupLaunch:
+    """One call of every rank of ``comms`` (the job's communicators, in rank order) launched by one
+    thread (see the module docstring); ``direct``: with direct mode's peers array for a Simple call
+    where the ranks share an address space; ``grid``: as one launch of that one-grid entry. Each
+    rank's thread runs :meth:`call`."""
+
+    def __init__(self, comms: list, direct: bool = False, grid: "GridEntry | None" = None):
+        self.comms, self.direct, self.grid = comms, direct, grid
+        self._pending: list = [None] * len(comms)
+        self._timers: list = []
+        #: (communicator, pointer) of every rank's peers array, freed after the call
+        self._staged: list = []
+        self.gate = threading.Barrier(len(comms), action=self._launch_all)
+
+    def call(self, rank: int, method: str, x, out, op: str) -> None:
+        """Rank ``rank``'s part: its call checked and routed (``x`` into ``out``, out of place),
+        taken up to the launch, the launch left to the last rank to arrive, then its wait."""
+        comm = self.comms[rank]
+        count, dtype, in_p, out_p, copy_back = comm._prepare(method, x, out, False, op)
+        if copy_back is not None:
+            raise CommunicatorError(f"rank {rank}: {method}: launched together, a call runs on the "
+                                    "caller's arrays only (no temporaries)")
+        self._pending[rank] = comm._begin(method, count, dtype, op, in_p, out_p)
+        try:
+            self.gate.wait()
+        except BaseException:
+            # the launch failed or a peer gave up before it: kernels already launched stop
+            comm.flags.raise_abort()
+            comm._owned.abort_peers()
+            try:
+                comm._wait(method, self._launcher(rank))
+            except CommunicatorError:
+                pass
+            raise
+        comm._wait(method, self._launcher(rank))
+
+    def _launcher(self, rank: int):
+        """The platform that launched ``rank``'s kernel: rank 0's for the one-grid launch."""
+        return self.comms[0 if self.grid is not None else rank]._pf
+
+    def _launch_all(self) -> None:
+        """Every rank's kernel between the start and the stop of one timer per rank's platform."""
+        comms, pending = self.comms, self._pending
+        call = pending[0][2]
+        if (self.direct and call.proto != "ll"
+                and peers_usable([c._pf for c in comms], [c.device for c in comms])):
+            blob = peers_blob([p[1] for p in pending])
+            for c, p in zip(comms, pending):
+                ptr = c._owned.local(max(blob.nbytes, 16))
+                self._staged.append((c, ptr))
+                c._pf.memcpy_htod(ptr, blob)
+                p[1].peers = ptr
+        if self.grid is not None:
+            self._timers = [comms[0]._pf.timer()]
+            arg = self.grid.argument([c._mem.argument(p[1]) for c, p in zip(comms, pending)], self._staged)
+            self._timers[0].start()
+            try:
+                self.grid.launch(arg)
+            finally:
+                self._timers[0].stop()
+            return
+        self._timers = [c._pf.timer() for c in comms]
+        for t in self._timers:
+            t.start()
+        try:
+            for c, (fn, args, call, what) in zip(comms, pending):
+                c._launch(fn, args, call, what)
+        finally:
+            for t in self._timers:
+                t.stop()
+
+    def time_us(self) -> float:
+        """From the launch to the end of the last rank's kernel, in microseconds."""
+        return max((t.elapsed_us() for t in self._timers), default=float("nan"))
+
+    def free(self) -> None:
+        """Give back the peers arrays (after every rank's wait)."""
+        for c, ptr in self._staged:
+            c._owned.free(ptr)
+        self._staged = []
+
+
+class GridEntry:
+    """The one-grid entry of the ranks ``comms`` (a job's communicators in one process, in rank
+    order, all of one manifest platform on one device) for ``dtype`` / ``op``: built once, through
+    rank 0's platform, into a library of every rank (the entry calls their block functions), and
+    refused at once where its blocks cannot all be resident together (they wait on each other)."""
+
+    def __init__(self, comms: list, dtype: str, op: str):
+        first = comms[0]
+        flavours = {c.rank_platform[c.rank] for c in comms}
+        if len(flavours) > 1 or first.codegen != "specialized":
+            raise CommunicatorError("one grid runs the specialised kernels of ranks of one platform"
+                                    f" (this job: {', '.join(sorted(flavours))}, {first.codegen} kernels)")
+        self.comms, self.pf, prog = comms, first._pf, first._prog
+        inst = Instance(dtype, op)
+        sym = grid_symbol(prog.manifest, first.rank_platform[0], inst)
+        if sym is None:
+            raise CommunicatorError(f"{first.ir.name}: the generated sources have no one-grid entry")
+        if len({(c._pf.name, c.device) for c in comms}) != 1:
+            raise CommunicatorError(f"{first.ir.name}: one grid needs every rank on one device of one platform")
+        # every rank in one launch on one device: memory ordered at device scope, as the
+        # single-process runner builds its one grid (system scope cost ten times the kernel time
+        # of hm_allreduce_4x8 at 1 MiB on the CPU emulation: 2.6 s against 0.21 s)
+        lib = self.pf.build(prog.gendir, prog.manifest, inst, ranks=list(range(len(comms))), single_gpu=True)
+        self.fn = self.pf.load(lib).function(sym)
+        self.blocks, self.block = sum(c.grid for c in comms), max(c.block for c in comms)
+        fit = self.pf.max_resident_blocks(self.fn, self.block)
+        if self.blocks > fit:
+            raise CommunicatorError(f"{first.ir.name} as one grid needs {self.blocks} thread blocks of "
+                                    f"{self.block} threads resident at once; at most {fit} fit")
+
+    def argument(self, packed: list[bytes], staged: list) -> bytes:
+        """The entry's argument over every rank's packed ``hccc_args`` (``packed``), copied into
+        rank 0's memory (appended to ``staged``, freed after the call)."""
+        blob = np.frombuffer(b"".join(packed), np.uint8)
+        owner = self.comms[0]
+        ptr = owner._owned.local(max(blob.nbytes, ctypes.sizeof(Args)))
+        staged.append((owner, ptr))
+        self.pf.memcpy_htod(ptr, blob)
+        return grid_argument(ptr, len(packed))
+
+    def launch(self, arg: bytes) -> None:
+        """Every rank's blocks in one launch on rank 0's stream."""
+        owner = self.comms[0]
+        self.pf.launch_grid(self.fn, self.blocks, self.block, arg, owner._stream, abort_flag=owner.flags.abort)
+
+
+def _job_error(errors: list, doing: str) -> CommunicatorError:
+    """One error naming every rank's failure (each message names its rank)."""
+    lines = [str(e) if isinstance(e, CommunicatorError) else f"rank {r}: {type(e).__name__}: {e}"
+             for r, e in enumerate(errors) if e is not None]
+    return CommunicatorError(f"the job failed {doing}: " + "; ".join(lines))
+
+
+__all__ = ["LocalJob", "ThreadRank", "GroupLaunch", "GridEntry"]

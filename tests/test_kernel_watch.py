@@ -1,0 +1,91 @@
+"""The one wait for running kernels under a limit (:func:`hccc.runtime.kernel_watch.watched_wait`),
+which both the single-process runner's watchdog and a rank's wait for its kernel use: against fake
+kernels that end on their own after a while, end when the abort flag is raised, or ignore it."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from hccc.runtime.kernel_watch import watched_wait
+
+
+class Flags:
+    """The abort flag, as :class:`~hccc.runtime.rank_memory.LaunchFlags` raises it."""
+
+    def __init__(self):
+        self.abort, self.raised = threading.Event(), 0
+
+    def raise_abort(self):
+        self.raised += 1
+        self.abort.set()
+
+
+class Kernel:
+    """A platform whose launch runs ``run_s`` seconds, or until the abort flag when it obeys it."""
+
+    def __init__(self, flags: Flags, run_s: float, obeys: bool = True):
+        self.flags, self.run_s, self.obeys = flags, run_s, obeys
+
+    def synchronize(self):
+        end = time.monotonic() + self.run_s
+        while time.monotonic() < end:
+            if self.obeys and self.flags.abort.is_set():
+                return
+            time.sleep(0.005)
+
+
+@pytest.mark.parametrize("problem", [False, True])
+def test_kernels_that_end_in_time_are_left_alone(problem):
+    flags = Flags()
+    w = watched_wait([Kernel(flags, 0.05)], flags, 5.0, 5.0, name="t",
+                     problem=(lambda: None) if problem else None, poll_s=0.01)
+    assert (w.finished, w.late, w.cause, w.failure, flags.raised) == (True, False, None, None, 0)
+    w.waiter.join(1)
+    assert not w.waiter.is_alive()
+
+
+def test_kernels_past_the_limit_are_aborted():
+    flags = Flags()
+    t0 = time.monotonic()
+    w = watched_wait([Kernel(flags, 30.0)], flags, 0.2, 5.0, name="t")
+    assert (w.finished, w.late, w.cause, flags.raised) == (True, True, None, 1)
+    assert 0.2 <= time.monotonic() - t0 < 4.0
+
+
+def test_kernels_that_ignore_the_abort_flag_are_given_up_after_the_grace():
+    flags = Flags()
+    t0 = time.monotonic()
+    w = watched_wait([Kernel(flags, 2.0, obeys=False)], flags, 0.1, 0.2, name="t")
+    took = time.monotonic() - t0
+    assert (w.finished, w.late, flags.raised) == (False, True, 1)
+    assert 0.3 <= took < 1.8
+
+
+def test_the_first_problem_aborts_at_once_and_is_the_cause():
+    flags, told, asked = Flags(), [], []
+    start = time.monotonic()
+
+    def problem():
+        asked.append(1)
+        return "rank 3 exited" if time.monotonic() - start > 0.1 else None
+    w = watched_wait([Kernel(flags, 30.0)], flags, 10.0, 5.0, name="t", problem=problem,
+                     on_problem=lambda: told.append(1), poll_s=0.01)
+    assert time.monotonic() - start < 4.0
+    assert (w.finished, w.late, w.cause, flags.raised, told) == (True, False, "rank 3 exited", 1, [1])
+    assert len(asked) >= 2          # polled until the problem came, not after
+
+
+def test_a_synchronize_error_is_handed_back():
+    class Failing:
+        def synchronize(self):
+            raise RuntimeError("device lost")
+    flags = Flags()
+    w = watched_wait([Failing()], flags, 5.0, 5.0, name="t")
+    assert w.finished and not w.late and str(w.failure) == "device lost" and flags.raised == 0
+
+
+def test_problems_need_a_poll_interval():
+    with pytest.raises(ValueError, match="poll_s"):
+        watched_wait([], Flags(), 1.0, 1.0, name="t", problem=lambda: None)

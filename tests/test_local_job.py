@@ -1,0 +1,444 @@
+"""The ranks of a job as threads of one process: the in-process bootstrap
+(:class:`hccc.runtime.bootstrap.LocalRendezvous`: every rank's data in rank order, a missing rank
+named at the timeout, a failed rank's reason at once, nothing kept once every rank has read a
+step) and :class:`hccc.runtime.local_job.LocalJob` (one Communicator per rank, the path a job of
+one rank per process takes, in threads), whose outputs are compared with the collective's
+definition (:func:`hccc.runtime.reference.expected`, computed from the inputs alone)."""
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.frontend.collectives import SPECS
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.pipeline import load_program
+from hccc.runtime import reference
+from hccc.runtime.bootstrap import BootstrapError, LocalRendezvous, local_bootstraps
+from hccc.runtime.communicator import CommunicatorError
+from hccc.testing import valid_programs
+
+from communicator_calls import no_leaks  # noqa: F401 (fixture: nothing left in /dev/shm)
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.rccl"))
+
+
+def _threads(n: int, fn) -> list:
+    """``fn(r)`` in a thread per rank: each rank's result or exception."""
+    got = [None] * n
+
+    def run(r):
+        try:
+            got[r] = fn(r)
+        except Exception as exc:
+            got[r] = exc
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    return got
+
+
+# ------------------------------------------------------------------------------ the rendezvous
+@settings(max_examples=25)
+@given(data=st.lists(st.lists(st.binary(max_size=8), min_size=1, max_size=4), min_size=1, max_size=6)
+       .filter(lambda rows: len({len(r) for r in rows}) == 1))
+def test_every_rank_gets_every_ranks_data_in_rank_order(data):
+    """``data[r][s]``: what rank ``r`` gives at step ``s``; every rank gets column ``s`` whole."""
+    n, steps = len(data), len(data[0])
+    boots = local_bootstraps(n, timeout_s=10)
+    got = _threads(n, lambda r: [boots[r].all_gather(data[r][s], f"step{s}") for s in range(steps)])
+    for r in range(n):
+        assert got[r] == [[data[q][s] for q in range(n)] for s in range(steps)]
+    assert boots[0].rendezvous._steps == {}     # every step forgotten once all ranks read it
+
+
+def test_a_rank_that_never_arrives_is_named():
+    boots = local_bootstraps(3, timeout_s=0.3)
+    got = _threads(2, lambda r: boots[r].all_gather(b"x", "handles"))
+    for exc in got:
+        assert isinstance(exc, BootstrapError)
+        assert "rank 2 of 3 did not arrive within 0.3 s" in str(exc) and "'handles'" in str(exc)
+
+
+def test_a_failed_rank_ends_every_peers_step_at_once_with_its_reason():
+    boots = local_bootstraps(3, timeout_s=30)
+
+    def rank(r):
+        if r == 1:
+            time.sleep(0.1)
+            boots[1].fail("no kernel for you")
+            return None
+        return boots[r].all_gather(b"x", "program")
+    t0 = time.monotonic()
+    got = _threads(3, rank)
+    assert time.monotonic() - t0 < 5
+    for r in (0, 2):
+        assert isinstance(got[r], BootstrapError)
+        assert "the set-up failed on rank 1: no kernel for you" in str(got[r])
+    with pytest.raises(BootstrapError, match="rank 1: no kernel"):      # a latecomer too
+        boots[2].all_gather(b"y", "later")
+
+
+def test_a_rank_cannot_take_part_in_a_step_twice():
+    rv = LocalRendezvous(2, timeout_s=0.2)
+    with pytest.raises(BootstrapError, match="did not arrive"):
+        rv.all_gather(0, b"a", "t")
+    with pytest.raises(BootstrapError, match="rank 0 took part in step 't' twice"):
+        rv.all_gather(0, b"a", "t")
+
+
+def test_bad_ranks_and_sizes_are_refused():
+    with pytest.raises(BootstrapError, match="at least one rank"):
+        LocalRendezvous(0)
+    from hccc.runtime.bootstrap import LocalBootstrap
+    with pytest.raises(BootstrapError, match=r"rank 2 is not in 0\.\.1"):
+        LocalBootstrap(LocalRendezvous(2), 2)
+
+
+# ------------------------------------------------------------------------------ the job in threads
+def _check(ir, count: int, dtype: str, op: str, seed: int = 0, together: bool = False,
+           direct: bool = False, one_grid: bool = False, **options) -> None:
+    from hccc.runtime.local_job import LocalJob
+    count = reference.alltoall_count(count, reference.count_unit(ir))
+    inputs = reference.make_inputs(ir.collective, ir.nranks, count, dtype, nchunks=ir.nchunks, seed=seed)
+    want = reference.expected(ir.collective, inputs, op, nchunks=ir.nchunks, root=ir.root)
+    with LocalJob(ir, timeout_s=30, dtype=dtype, op=op, **options) as job:
+        got = job.collective(inputs, count, op, together=together, direct=direct, one_grid=one_grid)
+    for r, (g, w) in enumerate(zip(got, want)):
+        if w is None:
+            continue
+        assert g.shape == w.shape and np.array_equal(g, w), f"{ir.name}: rank {r}: {g} != {w}"
+
+
+@needs_gxx
+@pytest.mark.parametrize("proto", ["simple", "ll"])
+def test_an_allreduce_in_threads_is_the_collectives_definition(proto):
+    _check(build_program(gen.ring_allreduce(4, [0, 2, 1, 3]), chunk_bytes=64), 1001, "float32", "sum",
+           proto=proto)
+
+
+@needs_gxx
+@settings(max_examples=3)    # each program builds a kernel per rank
+@given(alg=valid_programs(list(SPECS), max_ranks=4, min_ranks=2), count=st.integers(0, 300),
+       dtype=st.sampled_from(["float32", "int32"]), op=st.sampled_from(["sum", "max", "min"]))
+def test_random_programs_in_threads_are_their_collectives_definition(alg, count, dtype, op):
+    _check(build_program(alg, chunk_bytes=64), count, dtype, op, seed=count)
+
+
+@pytest.mark.slow     # a kernel per rank of every example (up to 32 ranks: more than the process pool starts)
+@needs_gxx
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_examples_in_threads_are_their_collectives_definition(name):
+    ir = load_program(ROOT / "examples" / name)
+    _check(ir, 4 * ir.nchunks + 3, "float32", "sum", seed=ir.nranks)
+
+
+@needs_gxx
+def test_mismatched_calls_in_threads_are_an_error_on_every_rank():
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        with pytest.raises(CommunicatorError) as got:
+            job.each(lambda r, comm: comm.all_reduce(np.ones(10 + 2 * r, np.float32)))
+    text = str(got.value)
+    assert text.count("every rank must make the same call") == 2, text
+    assert "rank 0:" in text and "rank 1:" in text
+
+
+def test_a_set_up_that_fails_names_every_ranks_failure_and_keeps_nothing():
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    with pytest.raises(CommunicatorError, match="the job failed setting up: .*dtype must be one of"):
+        LocalJob(ir, timeout_s=5, dtype="float33")
+
+
+# ------------------------------------------------------------------------------ launched together
+def _slot_heads(job) -> np.ndarray:
+    """[rank, receive connection, slot]: the first 8 bytes of every FIFO slot of every rank."""
+    from hccc.compiler.backend import abi
+    out = []
+    for r, comm in enumerate(job.comms):
+        plan, mem, pf = comm._plans[r], comm._mem, comm._pf
+        raw = np.zeros(plan.slots_bytes, np.uint8)
+        pf.memcpy_dtoh(raw, mem.slots)
+        out.append([[raw[j * plan.fifo_bytes + s * plan.slot_bytes:][:8].view(np.uint64)[0]
+                     for s in range(abi.NSLOTS)] for j in range(len(plan.recv_conns))])
+    return np.array(out, np.uint64)
+
+
+@needs_gxx
+def test_ranks_launched_together_run_direct_mode_with_the_peers_array():
+    """Ring AllReduce 4 has direct-mode receives (its AllGather half: the sender writes the
+    receiver's output; :func:`~hccc.runtime.direct_peers.direct_receive_count`). Launched together
+    with the peers array, those messages leave their FIFO slots untouched (6 messages per
+    connection: 3 ReduceScatter through the FIFO, 3 AllGather direct); without it every message
+    goes through its slot; the outputs are the collective's definition either way, and an LL call
+    has no peers array."""
+    from hccc.runtime.direct_peers import direct_receive_count
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=1024)
+    assert direct_receive_count(ir, ["cuda"] * 4, "auto") > 0
+    count = 4 * 64
+    inputs = reference.make_inputs("allreduce", 4, count, "float32", nchunks=ir.nchunks, seed=1)
+    want = np.sum(np.stack(inputs), axis=0)
+    mark = np.uint64(0xABABABABABABABAB)
+    with LocalJob(ir, timeout_s=30, proto="simple", nthreads=2) as job:
+        for direct, untouched_slots in ((True, slice(3, 6)), (False, slice(0, 0))):
+            for r, comm in enumerate(job.comms):
+                comm._pf.memset(comm._mem.slots, 0xAB, comm._plans[r].slots_bytes)
+            got = job.collective(inputs, count, together=True, direct=direct)
+            assert all(np.array_equal(g, want) for g in got)
+            assert job.last_time_us is not None and job.last_time_us > 0
+            untouched = _slot_heads(job) == mark
+            assert untouched[:, :, untouched_slots].all(), (direct, untouched)
+            assert not np.delete(untouched[:, :, :6], np.arange(6)[untouched_slots], axis=2).any(), (direct, untouched)
+        job.comms[0].proto = "ll"
+        for comm in job.comms[1:]:
+            comm.proto = "ll"
+        got = job.collective(inputs, count, together=True, direct=True)
+        assert all(np.array_equal(g, want) for g in got) and job.comms[0].last_proto == "ll"
+
+
+@needs_gxx
+@settings(max_examples=5)
+@given(alg=valid_programs(list(SPECS), max_ranks=4, min_ranks=2), count=st.integers(0, 300),
+       direct=st.booleans(), one_grid=st.booleans())
+def test_random_programs_launched_together_are_their_collectives_definition(alg, count, direct, one_grid):
+    _check(build_program(alg, chunk_bytes=64), count, "float32", "sum", seed=count,
+           together=True, direct=direct, one_grid=one_grid)
+
+
+@pytest.mark.parametrize("how", [{"direct": True}, {"one_grid": True}])
+def test_direct_mode_and_one_grid_need_the_ranks_launched_together(how):
+    from hccc.runtime.local_job import LocalJob
+    job = LocalJob.__new__(LocalJob)
+    job.nranks, job.ir = 1, None
+    with pytest.raises(ValueError, match="launched together"):
+        job.collective([np.zeros(1)], 1, **how)
+
+
+@needs_gxx
+@pytest.mark.parametrize("direct", [False, True])
+def test_ranks_launched_as_one_grid_make_one_launch_of_every_ranks_blocks(direct):
+    """The one-grid entry launched once, by rank 0's platform, with every rank's blocks, and no
+    rank's own launch step (counted by spies on the platforms and the ranks); every rank's output
+    is the collective's definition."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(4, [0, 2, 1, 3]), chunk_bytes=64)
+    count = 1001
+    inputs = reference.make_inputs(ir.collective, 4, count, "float32", nchunks=ir.nchunks, seed=3)
+    want = reference.expected(ir.collective, inputs, "sum", nchunks=ir.nchunks)
+    with LocalJob(ir, timeout_s=30, proto="simple") as job:
+        seen = []
+        for r, comm in enumerate(job.comms):
+            pf = comm._pf
+            real, real_grid = comm._launch, pf.launch_grid
+            comm._launch = lambda *a, r=r, real=real, **k: (seen.append(("launch", r)), real(*a, **k))[1]
+            pf.launch_grid = (lambda fn, grid, *a, r=r, real=real_grid, **k:
+                              (seen.append(("grid", r, grid)), real(fn, grid, *a, **k))[1])
+        for _ in range(2):
+            got = job.collective(inputs, count, together=True, one_grid=True, direct=direct)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want))
+        assert seen == [("grid", 0, sum(c.grid for c in job.comms))] * 2, seen
+        assert job.last_time_us > 0
+        seen.clear()
+        got = job.collective(inputs, count, together=True)       # per rank: each rank's own launch
+        assert all(np.array_equal(g, w) for g, w in zip(got, want))
+        assert sorted(seen) == [("launch", r) for r in range(4)], seen
+
+
+@needs_gxx
+def test_a_grid_whose_blocks_cannot_all_be_resident_is_refused_before_any_launch():
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    inputs = [np.ones(8, np.float32)] * 2
+    with LocalJob(ir, timeout_s=30) as job:
+        job.comms[0]._pf.max_threads = 1
+        with pytest.raises(CommunicatorError, match=r"as one grid needs \d+ thread blocks of \d+ threads "
+                                                    r"resident at once; at most 0 fit"):
+            job.collective(inputs, 8, together=True, one_grid=True)
+        job.comms[0]._pf.max_threads = 1 << 16
+        got = job.collective(inputs, 8, together=True)        # the job is still usable
+        assert all(np.array_equal(g, np.full(8, 2, np.float32)) for g in got)
+
+
+# ------------------------------------------------------------------------------ host barriers of threads
+def test_host_barriers_of_ranks_in_threads_wait_on_their_shared_condition():
+    """Host segments of ranks in one process (``wake``: the in-process bootstrap's condition):
+    every barrier passes once all ranks reach it, however late one comes; a rank that never comes
+    is named at the timeout; ranks of this process are never taken for exited processes."""
+    import os
+    from hccc.runtime.host_segment import HostSegments
+    wake = threading.Condition()
+    segs = [HostSegments(r, 3, 2.0, wake=wake) for r in range(3)]
+    try:
+        for s in segs:
+            for q in segs:
+                if q is not s:
+                    s.attach(q.rank, q.own.handle)
+            s.know([os.getpid()] * 3, ["n"] * 3)
+        for late in (0.0, 0.05, 0.2):
+            def rank(r):
+                if r == 2:
+                    time.sleep(late)
+                return segs[r].barrier(f"barrier after {late}")
+            assert _threads(3, rank) == [None, None, None]
+        assert all(s.peer_problem() is None for s in segs)
+        got = _threads(2, lambda r: segs[r].barrier("the last one"))
+        assert all("rank 2 did not reach the last one within 2 s" in g for g in got), got
+    finally:
+        for s in segs:
+            s.close()
+
+
+# ------------------------------------------------------------------------------ the oracle on top
+@needs_gxx
+@settings(max_examples=4)
+@given(alg=valid_programs(list(SPECS), max_ranks=4, min_ranks=2), count=st.integers(0, 300),
+       dtype=st.sampled_from(["float32", "int32"]), op=st.sampled_from(["sum", "max", "min"]),
+       how=st.sampled_from([{}, {"direct": True}, {"one_grid": True}]))
+def test_a_jobs_run_is_the_runners_run(alg, count, dtype, op, how):
+    """One call through the job's path (every rank a Communicator, in threads) and through the
+    single-process runner, on the same inputs: both checked by the oracle, their outputs equal."""
+    from hccc.runtime.launcher import Runner
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(alg, chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30, dtype=dtype, op=op) as job:
+        got = job.run(count, dtype=dtype, op=op, seed=count, warmup=1, iters=2, **how)
+    assert got.ok, (got.stuck, got.first_wrong)
+    assert got.iters == 2 and got.time_us > 0
+    with Runner(ir, "cpu", dtype, op) as runner:
+        want = runner.run(count=count, seed=count, keep_outputs=True)
+    assert want.ok and want.count == got.count
+    for r, (g, w) in enumerate(zip(got.outputs, want.outputs)):
+        assert np.array_equal(g, w, equal_nan=dtype == "float32"), f"rank {r}"
+
+
+@needs_gxx
+def test_a_jobs_run_counts_what_the_oracle_does_not_expect():
+    """A receive that drops a contribution: the job's run reports the wrong elements as the
+    runner's does (the reference run of the IR is not the collective)."""
+    from codegen_irs import ring_allreduce
+    from hccc.compiler.ir.program_ir import Buf, Op
+    from hccc.runtime.local_job import LocalJob
+    ir = ring_allreduce(3)
+    ir.chunk_bytes = 64
+    i = int(np.flatnonzero(ir.prims["op"] == Op.RECV_REDUCE_COPY)[0])
+    ir.prims["op"][i] = Op.RECV
+    ir.prims["src_buf"][i] = Buf.NONE
+    ir.prims["src_off"][i] = 0
+    with LocalJob(ir, timeout_s=30, dtype="int32") as job:
+        res = job.run(99, dtype="int32")
+    assert res.stuck is None and res.wrong == 0 and res.collective_wrong > 0 and not res.ok
+    assert "allreduce needs" in res.first_wrong
+    with pytest.raises(ValueError, match="no bfloat16"):
+        LocalJob.run(job, 8, dtype="bfloat16")
+
+
+@needs_gxx
+def test_a_stuck_run_is_reported_and_the_job_runs_again():
+    """Two ranks that each receive before they send: every rank's kernel times out and the run
+    says where (as the runner's does, from the error record), and the job stays usable; after a
+    call the ranks disagree on, a good call runs."""
+    from codegen_irs import stuck_ir
+    from hccc.runtime.local_job import LocalJob
+    with LocalJob(stuck_ir(), timeout_s=20, kernel_timeout_s=0.5, nthreads=2) as job:
+        for count in (16, 40):
+            res = job.run(count)
+            assert res.stuck is not None and not res.ok
+            assert re.search(r"rank [01], TB 0 stuck in recv for chunk [01] \(micro-batch 0\): waiting for "
+                             r"data from rank [01]", res.stuck), res.stuck
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=20) as job:
+        with pytest.raises(CommunicatorError, match="every rank must make the same call"):
+            job.each(lambda r, comm: comm.all_reduce(np.ones(10 + 2 * r, np.float32)))
+        with pytest.raises(CommunicatorError, match="unusable after an earlier failure"):
+            job.collective([np.ones(8, np.float32)] * 2, 8)
+        job.recover()
+        for proto in ("simple", "ll"):
+            for comm in job.comms:
+                comm.proto = proto
+            assert job.run(100 + len(proto)).ok
+
+
+@needs_gxx
+def test_ranks_in_threads_reach_each_others_memory_without_mapping_it():
+    """In-process ranks exchange pointers: no rank maps a peer's control block, FIFOs or flags
+    (only host segments, which every rank shares as in separate processes), and the calls run."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        assert all(c._owned.imported == [] for c in job.comms)
+        assert all(set(c._owned.peer_flags) == {0, 1, 2} - {c.rank} for c in job.comms)
+        got = job.collective([np.full(30, r + 1, np.float32) for r in range(3)], 30)
+        assert all(np.array_equal(g, np.full(30, 6, np.float32)) for g in got)
+
+
+@needs_gxx
+def test_no_rank_frees_memory_a_peers_runaway_kernel_may_touch():
+    """A rank whose kernel ignores the abort flag keeps every rank's memory (they reach each
+    other's memory as it is): closing the job gives back none of it."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    job = LocalJob(ir, timeout_s=30)
+    freed = []
+    for c in job.comms:
+        c._owned.release = lambda kernel_running, r=c.rank: freed.append((r, kernel_running))
+    job.comms[1]._broken = "kernel still running after 1 s; the kernel ignores the abort flag"
+    job.close()
+    assert sorted(freed) == [(0, True), (1, True)]
+
+
+@needs_gxx
+def test_ctrl_c_during_a_call_stops_every_rank_at_once_and_the_job_runs_again():
+    """Ctrl-C while the ranks' kernels wait on each other (a deadlock with a long spin-wait
+    limit): every rank gives up and its kernel is aborted within seconds, the KeyboardInterrupt
+    goes on, and the job runs again after :meth:`recover` (a stuck call, then reported)."""
+    import os
+    import signal
+    from codegen_irs import stuck_ir
+    from hccc.runtime.local_job import LocalJob
+    with LocalJob(stuck_ir(), timeout_s=60, kernel_timeout_s=60, nthreads=2) as job:
+        def step(r, comm):
+            if r == 0:
+                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+            comm.all_gather(np.ones(8, np.float32), np.zeros(16, np.float32))
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            job.each(step)
+        assert time.monotonic() - t0 < 15
+        assert all(c._broken and "interrupted (Ctrl-C)" in c._broken for c in job.comms), \
+            [c._broken for c in job.comms]
+        job.recover()
+        for c in job.comms:
+            c.kernel_timeout_s = 0.5
+        res = job.run(16)
+        assert res.stuck is not None and "stuck in recv" in res.stuck, res.stuck
+
+
+@needs_gxx
+def test_the_ranks_of_a_job_in_threads_load_one_library_with_the_one_grid_entry():
+    """One library of every rank (device scope on the CPU emulation), built once and loaded by
+    each rank, which the one-grid launch takes its entry from too; a job of separate processes
+    builds each rank's own (:meth:`ProcessRank._library`)."""
+    from hccc.runtime.communicator import Communicator
+    from hccc.runtime.local_job import GridEntry, LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        paths = {c._kernels[("float32", "sum")].module.path for c in job.comms}
+        assert len(paths) == 1
+        assert GridEntry(job.comms, "float32", "sum").fn.module.path in paths
+        assert [c._library() for c in job.comms] == [([0, 1, 2], {"single_gpu": True})] * 3
+        assert Communicator._library(job.comms[1]) == ([1], {})
