@@ -59,8 +59,9 @@ from hccc.compiler.pipeline.cost_model import ALLOCATION_SIZES, CostModel
 
 from hccc.runtime import sim_engine as eng
 from hccc.runtime.busbw import busbw_factor
-from hccc.runtime.sim_model import (DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError,
-                                    flow_classes, geometry, lower_bound, prepare, resource_bytes)
+from hccc.compiler.passes.kernel_cost import KernelCosts
+from hccc.runtime.sim_model import (DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, MODEL_COSTS, Geometry, SimProgram,
+                                    SimulationError, flow_classes, geometry, lower_bound, prepare, resource_bytes)
 from hccc.util import clock
 
 #: Default bound on the slices one simulation may process (about a minute of engine time).
@@ -80,7 +81,7 @@ bus_factor = busbw_factor
 
 @dataclass
 class Timeline:
-    """Recorded intervals: TB ``tb`` ran ``kind`` (0 send, 1 reduce, 2 receive) of primitive
+    """Recorded intervals: TB ``tb`` ran ``kind`` (0 send, 1 reduce, 2 receive, 3 a unit's fixed cost) of primitive
     ``prim`` for micro-batch ``mb`` over ``[t0, t1]`` seconds."""
 
     tb: np.ndarray
@@ -199,7 +200,15 @@ def _engine_args(prog: SimProgram, geo: Geometry, execution: str, rec_lim: int, 
             prog.dep_ptr, prog.dep_on, prog.rdep_ptr, prog.rdep_tb,
             prog.c_total, prog.c_stb, prog.c_rtb, prog.c_alpha,
             prog.route_res_ptr, prog.route_res, prog.res_cap, prog.rank_cres, geo.chunk_len,
-            cls.route_cls, cls.rank_cls, cls.ptr, cls.sh, cls.cap, bool(take_over))
+            cls.route_cls, cls.rank_cls, cls.ptr, cls.sh, cls.cap, *_unit_costs(prog), bool(take_over))
+
+
+def _unit_costs(prog: SimProgram) -> tuple[np.ndarray, float]:
+    """Each primitive's fixed cost a unit and the hop of a dependency (seconds; none for a
+    SimProgram made without them)."""
+    if prog.p_unit is None:
+        return np.zeros(prog.nprims, np.float64), 0.0
+    return np.asarray(prog.p_unit, np.float64), float(prog.hop)
 
 
 def _private(prog: SimProgram) -> np.ndarray:
@@ -261,7 +270,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
              max_units: int | None = MAX_UNITS, slice_bytes: int | str | None = None,
              block_gbps: float | None = DEFAULT_BLOCK_GBPS, work_budget: int | None = None,
              deadline: float | None = None, call_geometry: tuple[Geometry, int] | None = None,
-             stop: "StopSwitch | None" = None) -> SimResult:
+             stop: "StopSwitch | None" = None, costs: KernelCosts | None | str = MODEL_COSTS) -> SimResult:
     """Simulate one collective call of ``nbytes`` (the full buffer, nccl-tests' size).
 
     ``program`` is a ProgramIR or the result of :func:`prepare` (reuse it across sizes).
@@ -270,7 +279,9 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     ``record`` keeps the busy intervals (of every TB, or of the first ``record`` TBs when it is an
     integer) for :mod:`hccc.runtime.sim_plot`. ``max_units`` bounds the work (slices of primitives);
     past it the call fails fast with advice instead of running for hours. ``block_gbps``: the
-    per-block limit (:mod:`hccc.runtime.sim_model`; None: none) when ``program`` is a ProgramIR.
+    per-block limit (:mod:`hccc.runtime.sim_model`; None: none) and ``costs`` the kernels' unit and
+    hop costs (:func:`hccc.runtime.sim_model.prepare`: the model's by default; None: none) when
+    ``program`` is a ProgramIR.
     ``work_budget``: events plus re-shared flow classes after which the run stops with
     :class:`SimulationStopped` (None: no limit); ``deadline``: the work-clock time (:func:`hccc.util.clock.now`)
     at which it stops so (None: none; see :func:`simulate_by`).
@@ -280,7 +291,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     :class:`SimulationStopped`.
     Raises :class:`SimulationError` for a program that cannot run on ``topo`` or deadlocks.
     """
-    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
+    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps, costs)
     if int(nslots) < 1:
         raise ValueError("nslots must be at least 1")
     geo, slice_b = call_geometry or _call_geometry(prog, nbytes, slice_bytes, element_bytes)
@@ -344,9 +355,10 @@ def least_time(program: ProgramIR, topo: Topology, nbytes: int, *,
                element_bytes: int = DEFAULT_ELEMENT_BYTES) -> float:
     """Seconds no simulation of ``program`` at ``nbytes`` beats, whatever its channels, slices or
     schedule: every link, shared group and reduction unit carries the program's bytes at no more
-    than its capacity (:func:`hccc.runtime.sim_model.lower_bound` without the per-block limit), at
-    the cost of counting bytes instead of running the engine."""
-    prog = prepare(program, topo, None)
+    than its capacity (:func:`hccc.runtime.sim_model.lower_bound` without the per-block limit and
+    without the units' fixed costs, whose count follows the slice), at the cost of counting bytes
+    instead of running the engine."""
+    prog = prepare(program, topo, None, None)
     return lower_bound(prog, _call_geometry(prog, nbytes, "auto", element_bytes)[0])
 
 
@@ -434,11 +446,11 @@ def simulate_by(deadline: float, program: ProgramIR | SimProgram, topo: Topology
 
 def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,
                    slice_bytes: int | str | None = "auto", block_gbps: float | None = DEFAULT_BLOCK_GBPS,
-                   **kw) -> list[SimResult]:
+                   costs: KernelCosts | None | str = MODEL_COSTS, **kw) -> list[SimResult]:
     """:func:`simulate` for every size, preparing the program once. Unlike :func:`simulate`, the
     slice follows each size by default (``slice_bytes="auto"``, the policy ``hccc sim`` uses);
     pass ``slice_bytes=None`` for the program's slot capacity at every size."""
-    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
+    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps, costs)
     return [simulate(prog, topo, s, slice_bytes=slice_bytes, **kw) for s in sizes]
 
 
