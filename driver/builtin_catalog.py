@@ -154,12 +154,12 @@ def plan(collective: str, world: int, nodes: list[str], root: int | None) -> lis
             out.append((f"direct_reduce_{world}_root{root}", lambda: gen.direct_reduce(world, root), 0, SMALL_BYTES))
         out.append((f"ring_reduce_{world}_root{root}", lambda: gen.ring_reduce(world, root), 0, None))
     elif collective == "scatter" and root is not None and 0 <= root < world:
-        # hccc sim (tests/test_scatter.py keeps the comparison): on one node the linear scatter is
-        # the fastest at every size (8 A100s, 4 KiB to 256 MiB; the CPU emulation, 4 to 16 ranks);
-        # across nodes the binomial tree wins above about 8 MiB on 4 servers (4 x 4 and 4 x 8
-        # A100s) and loses at every size on 2 (2 x 8). Both serve every size across nodes: with a
-        # cluster description the simulator chooses, without one the tie goes to the first name,
-        # the linear one.
+        # hccc sim (tests/test_scatter.py keeps the comparison): on one node the linear scatter was
+        # the fastest at every size in the alpha-beta model (8 A100s, 4 KiB to 256 MiB; the CPU
+        # emulation, 4 to 16 ranks); across nodes the binomial tree wins at 64 MiB on 2 and 4
+        # servers since the simulator charges the kernels' units (it lost on 2 before). Both serve
+        # every size across nodes: with a cluster description the simulator chooses, without one
+        # the tie goes to the first name, the linear one.
         out.append((f"direct_scatter_{world}_root{root}", lambda: gen.direct_scatter(world, root), 0, None))
         if len(set(nodes)) > 1 and world > 2:
             out.append((f"tree_scatter_binomial_{world}_root{root}",

@@ -19,7 +19,14 @@ What is simulated (the semantics of the generated kernels, ``templates/common/hc
   read; a sender blocks while ``NSLOTS`` slots are unread, a receiver until its slot is visible. A unit
   starts once the TB's cross-TB dependencies for that micro-batch are met (``deps``), its receive
   slot is visible and its send slot is free.
-* Costs of a unit: a reducing primitive first reduces the slice on its rank's reduction unit
+* The kernels' units and hops (the kernel cost model, :mod:`hccc.compiler.passes.kernel_cost`;
+  ``costs``, by default ``SIM_COSTS``, the measured calibration; None: neither): once its waits
+  are met, a primitive's micro-batch first pays its op's fixed cost at the program's warps
+  (:func:`hccc.runtime.sim_model.unit_costs`: what the slice policy counts a unit), then moves
+  its slices as below; a dependency on another block of the rank is met a hop (half a flag round
+  trip) after the micro-batch it waits for finished. A message's hop is its link's latency. The
+  per-block limit is then a block's rate beyond its units' fixed costs.
+* Costs of a unit's bytes: a reducing primitive first reduces the slice on its rank's reduction unit
   (``bytes / gamma``; free when the node declares no ``gamma``); a sending primitive then writes
   the slice into the peer's slot: a *flow* over ``Topology.link_between(src, dst)`` and every
   shared group of that link, at a max-min fair share (progressive filling) of the link capacity
@@ -28,7 +35,8 @@ What is simulated (the semantics of the generated kernels, ``templates/common/hc
   after the write ends; latency does not hold the link or the sender, so a stream of slots pays it
   once and a chain of dependent transfers pays it per hop. The receiver's copy out of the slot is
   not charged (it runs at memory speed, well above any link here); it frees the slot at once.
-  Hence one transfer of ``S`` bytes (one slice) on an idle link takes exactly ``alpha + S*beta``.
+  Hence one transfer of ``S`` bytes (one slice) on an idle link takes exactly ``alpha + S*beta``,
+  plus the sender's and the receiver's units where they are charged.
   Local primitives: ``REDUCE`` costs ``bytes / gamma`` like any reduction, ``COPY`` and ``NOP``
   are free. Reductions running at once on one rank share its ``gamma`` max-min fairly.
 * Metrics. Completion time = when the last TB finishes. ``algbw = size / time`` and

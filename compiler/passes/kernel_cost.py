@@ -266,13 +266,13 @@ def block_gbps_at(block_gbps: float, nwarps: int) -> float:
                                    / V4_H200.peak_bytes_per_second(BLOCK_GBPS_WARPS))
 
 
-#: The v4 kernels' design targets (docs/measurements.md, "What one unit costs": 0.5 us a unit, 0.2
-#: us a COPY or LL unit, 100 GB/s a block, the slice policy's constants until the fifth run measured
-#: them): the second named instance of the costs, for the worked examples written at those figures
+#: The v4 kernels' design targets (docs/measurements.md#gpu-kernels-v4-one-nvidia-h200-every-rank-on-it,
+#: "What one unit costs": 0.5 us a unit, 0.2 us a COPY or LL unit, 100 GB/s a block, the slice
+#: policy's constants until the fifth run measured them): the second named instance of the costs, for the worked examples written at those figures
 #: (tests/conftest.py's ``design_target_costs``). The targets name no flag latency (a unit's cost
 #: holds its flag: no hop), launch or card of their own (the measured calibration's).
 DESIGN_TARGETS = KernelCosts(
     unit_us={"COPY": (0.2,) * 3, "SEND": (0.5,) * 3, "RECV": (0.5,) * 3, "RECV_REDUCE_COPY": (0.5,) * 3},
     warps=UNIT_WARPS, flag_round_trip_us=0.0, launch_per_block_s=LAUNCH_SECONDS_PER_BLOCK,
     hbm_bytes_per_s=HBM_BYTES_PER_SECOND, flat_gbs=100.0,
-    source="docs/measurements.md, What one unit costs (the v4 kernels' design targets)")
+    source="docs/measurements.md#gpu-kernels-v4-one-nvidia-h200-every-rank-on-it (the v4 kernels' design targets)")

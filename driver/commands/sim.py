@@ -224,7 +224,8 @@ def _channels(args, ir, topo, declared: int = 0):
 #: what the simulator's own columns mean (printed under the table's header and in ``--help``)
 COLUMN_LEGEND = (
     "progbound: the program's own bound, a lower bound on its time (every link and GPU carrying the "
-    "bytes this program moves at full capacity, plus a link's latency; a ring's equals its time); "
+    "bytes this program moves at full capacity, plus a link's latency, and every thread block its units' fixed costs "
+    "and its bytes at its rate; a ring's equals its time without units); "
     "cutbound: the cluster's cut bound, which no program of the collective can beat (the bytes that "
     "must cross the cluster's narrowest cut at its bandwidth; hccc synth's bound, docs/bounds.md); slice: the micro-batch slice of each chunk; mbatch: "
     "micro-batches per chunk; idle avg / max: the share of the run a thread block waits (mean over "
