@@ -568,6 +568,7 @@ def next_run_predictions() -> list[dict]:
     hccc picks now), each beside its target."""
     from hccc.compiler.passes import kernel_cost as kc
     from hccc.compiler.pipeline import load_program
+    from hccc.runtime import kernel_time
 
     sms = H100_SMS
     c = kc.V4_H200
@@ -592,11 +593,11 @@ def next_run_predictions() -> list[dict]:
     # LL_AUTO_MAX_BYTES and the built-in catalog's SMALL_BYTES (recursive doubling below it)
     rd = load_program(ROOT / "examples" / "recursive_doubling_allgather_8.rccl")
     sizes = [1 << e for e in range(12, 27)]
-    ll_up = max([n for n in sizes if predict(ar, n, c, kernels="v4", sms=sms, proto="ll").total
-                 < predict(ar, n, c, kernels="v4", sms=sms).total], default=0)
+    ll_up = kernel_time.ll_ahead_up_to([ar, ag], c)      # one rank a GPU, as --proto auto runs
     rd_up = max([n for n in sizes if predict(rd, n, c, kernels="v4", sms=sms).total
                  < predict(ag, n, c, kernels="v4", sms=sms).total], default=0)
-    rows.append({"what": "LL faster than Simple (ring AllReduce 8, full buffer) up to", "predicted_bytes": ll_up,
+    rows.append({"what": "LL faster than Simple (ring AllReduce and AllGather 8, one rank a GPU, full buffer) up to",
+                 "predicted_bytes": ll_up,
                  "predicted_us": None, "in_force_bytes": _auto_max(), "target": "--proto auto's switch"})
     rows.append({"what": "recursive doubling AllGather 8 faster than ring up to", "predicted_bytes": rd_up,
                  "predicted_us": None, "in_force_bytes": _small_bytes(), "target": "the built-in catalog's band"})

@@ -63,8 +63,13 @@ from hccc.compiler.synth.plan import COLLECTIVES
 #: (8 ranks at 4 KiB: 40.8 us against 75.4 for AllReduce, 21.8 against 40.5 for AllGather, 35.5
 #: against 38.5 for ReduceScatter, 28.8 against 55.1 for Broadcast, 42.5 against 53.0 for
 #: Reduce) and sets no crossover above it: it charges no link bandwidth, which an
-#: all-pairs program spreads over N-1 peers at once; the band stays where the step count is what
-#: a call pays (tests/test_one_shot.py recomputes the choice)
+#: all-pairs program spreads over N-1 peers at once. Nor does the simulator, which charges the
+#: links and the same units and hops (:data:`hccc.compiler.passes.kernel_cost.SIM_COSTS`): on one
+#: NVSwitch node of 8 GPUs (450 GB/s each way a GPU, one channel a program) the direct programs
+#: lead the ring at every power of two from 4 KiB to 64 MiB (AllReduce 32.3 us against 94.7 at
+#: 64 KiB, 418 against 2,663 at 64 MiB; Broadcast, the closest, 1,540 against 1,725 at 64 MiB).
+#: So the band is not a crossover of the kernel cost model: it stays where the step count is what
+#: a call pays on the emulation (tests/test_one_shot.py recomputes the choice below it)
 SMALL_BYTES = 64 << 10
 #: the size band (full buffer, bytes) of the one-shot AllReduce within one node: the largest power
 #: of two at which the kernel cost model (as for :data:`SMALL_BYTES`) puts it ahead of the
@@ -149,12 +154,12 @@ def plan(collective: str, world: int, nodes: list[str], root: int | None) -> lis
             out.append((f"direct_reduce_{world}_root{root}", lambda: gen.direct_reduce(world, root), 0, SMALL_BYTES))
         out.append((f"ring_reduce_{world}_root{root}", lambda: gen.ring_reduce(world, root), 0, None))
     elif collective == "scatter" and root is not None and 0 <= root < world:
-        # hccc sim (tests/test_scatter.py keeps the comparison): on one node the linear scatter is
-        # the fastest at every size (8 A100s, 4 KiB to 256 MiB; the CPU emulation, 4 to 16 ranks);
-        # across nodes the binomial tree wins above about 8 MiB on 4 servers (4 x 4 and 4 x 8
-        # A100s) and loses at every size on 2 (2 x 8). Both serve every size across nodes: with a
-        # cluster description the simulator chooses, without one the tie goes to the first name,
-        # the linear one.
+        # hccc sim (tests/test_scatter.py keeps the comparison): on one node the linear scatter was
+        # the fastest at every size in the alpha-beta model (8 A100s, 4 KiB to 256 MiB; the CPU
+        # emulation, 4 to 16 ranks); across nodes the binomial tree wins at 64 MiB on 2 and 4
+        # servers since the simulator charges the kernels' units (it lost on 2 before). Both serve
+        # every size across nodes: with a cluster description the simulator chooses, without one
+        # the tie goes to the first name, the linear one.
         out.append((f"direct_scatter_{world}_root{root}", lambda: gen.direct_scatter(world, root), 0, None))
         if len(set(nodes)) > 1 and world > 2:
             out.append((f"tree_scatter_binomial_{world}_root{root}",

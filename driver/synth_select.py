@@ -1497,6 +1497,9 @@ def _sliced(result, policy):
 def _simulated_fraction(result, sims: Simulations, bound_s: float) -> float | None:
     """Cut bound / simulated time of the program at ``sims.nbytes`` with its channels (None without
     the simulator, when the program cannot be simulated at that size, or when the deadline left no
-    time: ``sims.stopped`` says so)."""
+    time: ``sims.stopped`` says so; None too where the bound is 0, a program with nothing to move,
+    whose units still take time)."""
+    if bound_s <= 0:
+        return None
     t = sims.seconds(result, int(result.detail.get("channels", 1)))
     return bound_s / t if t is not None and t > 0 else None

@@ -19,7 +19,8 @@ from hccc.compiler.ir.program_ir import Op
 from hccc.compiler.passes.kernel_cost import LL_DATA_FRACTION, KernelCosts, unit_class
 from hccc.runtime.kernel_traffic import DIRECT_COST, HBM_COST, prim_bytes, traffic
 
-__all__ = ["MAX_UNITS", "unit_seconds", "ProgramTime", "unit_graph", "program_time"]
+__all__ = ["MAX_UNITS", "unit_seconds", "ProgramTime", "unit_graph", "program_time", "call_time", "ll_ahead_up_to",
+           "LL_CROSSOVER_SIZES"]
 
 #: The most units (primitives x micro-batches) :func:`program_time` composes: its graph's memory and
 #: time grow with them (about 100 bytes and a microsecond a unit); a call past it is refused.
@@ -193,3 +194,30 @@ def _longest(nodes: int, src, dst, kind, cost, hop: float):
         raise ValueError("the program's units form a cycle with these slots: it cannot run")
     end = int(np.argmax(finish))
     return float(finish[end]), int(hops[end]), int(nunits[end]), int(waits[end])
+
+
+def call_time(program, nbytes: int, costs: KernelCosts, proto: str) -> ProgramTime:
+    """One call of ``program`` as a job of processes runs it (a Communicator, the torch backend):
+    one rank per GPU, the launchers' slice under ``proto``
+    (:func:`hccc.runtime.rank_memory.launch_slice_bytes`), the program's warps, no direct mode."""
+    from hccc.runtime.rank_memory import launch_slice_bytes
+    sl = launch_slice_bytes(program, int(nbytes), 4, program.chunk_bytes, proto)
+    return program_time(program, int(nbytes), costs, slice_bytes=sl, warps=program.nwarps, proto=proto,
+                        direct=False, one_gpu=False)
+
+
+#: the sizes (full buffer, bytes) :func:`ll_ahead_up_to` weighs: powers of two from 4 KiB to 64 MiB
+LL_CROSSOVER_SIZES = tuple(1 << e for e in range(12, 27))
+
+
+def ll_ahead_up_to(programs, costs: KernelCosts, sizes=LL_CROSSOVER_SIZES) -> int:
+    """The largest of ``sizes`` up to which (at it and every smaller one) every one of ``programs``
+    runs faster under LL than under Simple by the model (:func:`call_time`); 0 when LL is behind at
+    the smallest. ``--proto auto``'s switch (``abi.LL_AUTO_MAX_BYTES``) is this for the ring
+    AllReduce and AllGather of 8 ranks at the measured costs (tests/test_kernel_cost.py)."""
+    best = 0
+    for n in sorted(int(x) for x in sizes):
+        if not all(call_time(p, n, costs, "ll").total < call_time(p, n, costs, "simple").total for p in programs):
+            break
+        best = n
+    return best

@@ -71,6 +71,7 @@ S_READY = 0      # trying to start its current unit (may be blocked)
 S_BUSY = 1       # a flow of the current unit is running
 S_PHASE = 2      # a phase of the current unit finished; continue with the next phase
 S_DONE = 3
+S_FIXED = 4      # paying the current unit's fixed cost (a timer runs)
 
 # What a blocked TB waits for (diagnostics)
 W_NONE = 0
@@ -98,6 +99,7 @@ PR_WIDTH = 16       # int32 columns: one cache line
 K_SEND = 0
 K_REDUCE = 1
 K_RECV = 2
+K_UNIT = 3      # a unit's fixed cost (the kernels' cost model's, before its flows)
 
 STATUS_OK = 0
 STATUS_DEADLOCK = 1
@@ -341,8 +343,11 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                dep_ptr, dep_on, rdep_ptr, rdep_tb,
                c_total, c_stb, c_rtb, c_alpha,
                link_res_ptr, link_res, res_cap, rank_cres, chunk_len,
-               route_cls, rank_cls, cls_ptr, cls_sh, cls_cap, take_over, budget, deadline, stop):
-    """Simulate; see the module docstring for the arrays. ``mode`` 0 = task-level (each primitive
+               route_cls, rank_cls, cls_ptr, cls_sh, cls_cap, p_unit, hop, take_over, budget, deadline, stop):
+    """Simulate; see the module docstring for the arrays. ``p_unit``: each primitive's fixed cost
+    a unit (seconds, paid once per micro-batch before its flows); ``hop``: what a dependency's
+    progress takes to reach the block that waits for it (seconds, at most every ``p_unit`` of a
+    primitive depended on: a primitive then has at most one micro-batch whose progress is on its way). ``mode`` 0 = task-level (each primitive
     for every micro-batch before the next), 1 = algorithm-level (every micro-batch runs the TB's
     whole primitive list). Busy intervals of TBs ``0 .. rec_lim-1`` are recorded for the timeline.
     ``budget`` >= 0 stops the run with :data:`STATUS_BUDGET` once events plus flow classes re-shared
@@ -372,7 +377,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     tb_bytes = np.zeros(G, np.float64)
     tb_spost = np.zeros(G, np.int64)
     tb_rpost = np.zeros(G, np.int64)
+    tb_paid = np.zeros(G, np.bool_)      # the current unit's fixed cost is paid
     progress = np.zeros(P, np.int64)
+    prog_t = np.zeros(P, np.float64)     # when a primitive's last micro-batch finished
     # ---- connections
     c_head = np.zeros(C, np.int64)      # slots consumed by the receiver
     c_posted = np.zeros(C, np.int64)    # slots the sender has finished writing
@@ -477,7 +484,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     fl_pend = np.zeros(G, np.bool_)
     pend = np.empty(G, np.int64)
     # ---- heap over NCL class items (a member's completion) and C visibility items
-    NI = NCL + C
+    NI = NCL + C + G                    # and G timers: a unit's fixed cost, a dependency's hop
     hkey = np.empty(NI, np.float64)
     hitem = np.empty(NI, np.int64)
     hpos = np.full(NI, -1, np.int64)
@@ -491,7 +498,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     units = 0
     for p in range(tb_ptr[rec_lim]):
         units += p_cnt[p] * nmb
-    nrec_cap = 3 * units + 1
+    nrec_cap = 3 * units + nmb * tb_ptr[rec_lim] + 1     # and a fixed cost per primitive and micro-batch
     rec_tb = np.zeros(nrec_cap, np.int64)
     rec_prim = np.zeros(nrec_cap, np.int64)
     rec_mb = np.zeros(nrec_cap, np.int64)
@@ -526,8 +533,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     status, t, nrec = _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budget, deadline,
                                   stop, counters, clock,
                                   (tb_ptr, tb_pos, tb_m, tb_i, tb_state, tb_phase, tb_wait, tb_depok, tb_ready_t,
-                                   tb_busy, tb_finish, tb_bytes, tb_spost, tb_rpost, progress, wl, in_wl),
-                                  (pr, dep_on, rdep_tb, chunk_len),
+                                   tb_busy, tb_finish, tb_bytes, tb_spost, tb_rpost, progress, wl, in_wl, tb_paid,
+                                   prog_t),
+                                  (pr, dep_on, rdep_tb, chunk_len, p_unit, hop),
                                   (c_total, c_stb, c_rtb, c_alpha, c_head, c_posted, c_tail, c_vist, c_sstart),
                                   (rank_cres, rank_cls, route_cls, link_res_ptr, link_res),
                                   (fl_cls, fl_lo, fl_hi, fl_red, fl_start, fl_key, fl_pend, pend, res_n, res_busy_t0,
@@ -569,8 +577,8 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
     docs/archive/measurements-log.md#the-event-loop-without-reference-counts-smaller-slices-guessed-beside-the-longest-sample-29-november-2026-later).
     Returns ``(status, the time it stopped at, intervals recorded)``."""
     (tb_ptr, tb_pos, tb_m, tb_i, tb_state, tb_phase, tb_wait, tb_depok, tb_ready_t, tb_busy, tb_finish, tb_bytes,
-     tb_spost, tb_rpost, progress, wl, in_wl) = tbs
-    (pr, dep_on, rdep_tb, chunk_len) = prims
+     tb_spost, tb_rpost, progress, wl, in_wl, tb_paid, prog_t) = tbs
+    (pr, dep_on, rdep_tb, chunk_len, p_unit, hop) = prims
     (c_total, c_stb, c_rtb, c_alpha, c_head, c_posted, c_tail, c_vist, c_sstart) = conns
     (rank_cres, rank_cls, route_cls, link_res_ptr, link_res) = routes
     (fl_cls, fl_lo, fl_hi, fl_red, fl_start, fl_key, fl_pend, pend, res_n, res_busy_t0, res_busy) = flows
@@ -585,6 +593,7 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
     ev = np.int64(0)       # the event heap (heap 0, at 0), not a literal 0 (see _heap_pop)
     G = tb_ptr.shape[0] - 1
     NCL = cls_cap.shape[0]
+    NT = NCL + c_total.shape[0]         # the first timer item of the event heap (TB g's: NT + g)
     NS = nslots
     # an int64, not a literal 1: numba would compile every kernel it is passed to once for the
     # literal (the first instant) and again for int64 (the later ones)
@@ -612,7 +621,7 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
             in_wl[g] = False
             while True:
                 st = tb_state[g]
-                if st == S_BUSY or st == S_DONE:
+                if st == S_BUSY or st == S_DONE or st == S_FIXED:
                     break
                 p = tb_pos[g]
                 m = tb_m[g]
@@ -621,12 +630,20 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
                 if st == S_READY:
                     if not tb_depok[g]:
                         ok = True
+                        wake = 0.0      # the latest dependency's progress still on its way here
                         for d in range(pr[p, PR_DEP0], pr[p, PR_DEP1]):
-                            if progress[dep_on[d]] < m + 1:
+                            q = dep_on[d]
+                            if progress[q] < m + 1:
                                 ok = False
                                 break
+                            if progress[q] == m + 1 and prog_t[q] + hop > t and prog_t[q] + hop > wake:
+                                wake = prog_t[q] + hop
                         if not ok:
                             tb_wait[g] = W_DEP
+                            break
+                        if wake > 0.0:
+                            tb_wait[g] = W_DEP
+                            _heap_set(hkey, hitem, hpos, hn, ev, ev, NT + g, wake)
                             break
                         tb_depok[g] = True
                     rc = -1
@@ -655,6 +672,21 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
                                 break
                             tb_spost[g] = spost
                     tb_wait[g] = W_NONE
+                    if i == 0 and not tb_paid[g] and p_unit[p] > 0.0:
+                        # the unit's fixed cost, before its flows (its inputs are here, its slot free)
+                        tb_paid[g] = True
+                        tb_busy[g] += p_unit[p]
+                        if g < rec_lim:
+                            rec_tb[nrec] = g
+                            rec_prim[nrec] = p
+                            rec_mb[nrec] = m
+                            rec_kind[nrec] = K_UNIT
+                            rec_t0[nrec] = t
+                            rec_t1[nrec] = t + p_unit[p]
+                            nrec += 1
+                        tb_state[g] = S_FIXED
+                        _heap_set(hkey, hitem, hpos, hn, ev, ev, NT + g, t + p_unit[p])
+                        break
                     # geometry of this slice
                     ch = (pr[p, PR_CHUNK] + i) % chunk_len.shape[0]   # anchors wrap around
                     ln = chunk_len[ch]
@@ -756,6 +788,8 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
                 if i == pr[p, PR_CNT]:
                     i = 0
                     progress[p] = m + 1
+                    prog_t[p] = t
+                    tb_paid[g] = False
                     for d in range(pr[p, PR_RDEP0], pr[p, PR_RDEP1]):
                         o = rdep_tb[d]
                         if not in_wl[o] and tb_state[o] == S_READY:
@@ -864,6 +898,15 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
                     nrec += 1
                 tb_state[g] = S_PHASE
                 if not in_wl[g]:
+                    in_wl[g] = True
+                    wl[wn] = g
+                    wn += 1
+            elif item >= NT:
+                # a TB's timer: its unit's fixed cost is paid, or a dependency's progress reached it
+                g = item - NT
+                if tb_state[g] == S_FIXED:
+                    tb_state[g] = S_READY
+                if not in_wl[g] and tb_state[g] == S_READY:
                     in_wl[g] = True
                     wl[wn] = g
                     wn += 1

@@ -30,6 +30,8 @@ import numpy as np
 from hccc.compiler.ir.program_ir import Op, ProgramIR
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.passes.channels import BLOCK_GBPS_WARPS, DEFAULT_BLOCK_GBPS, block_gbps_at
+from hccc.compiler.passes import kernel_cost
+from hccc.compiler.passes.kernel_cost import KernelCosts, unit_class
 from hccc.compiler.frontend.slice_policy import SlicePolicy
 from hccc.compiler.passes.slicing import CriticalPath, critical_path
 from hccc.util.plural import plural
@@ -39,6 +41,9 @@ from hccc.runtime.sim_engine import F_RECV, F_REDUCE, F_SEND
 _FLAGS = np.array([(F_SEND if Op(i).sends else 0) | (F_RECV if Op(i).receives else 0)
                    | (F_REDUCE if Op(i).reduces else 0) for i in range(len(Op))], dtype=np.int64)
 
+
+#: ``prepare``'s ``costs`` that reads the simulator's costs (``kernel_cost.SIM_COSTS``) at the call
+MODEL_COSTS = "model"
 
 #: Bytes per element the sizes are counted in (float32, like nccl-tests' default).
 DEFAULT_ELEMENT_BYTES = 4
@@ -102,6 +107,10 @@ class SimProgram:
     # (:func:`hccc.compiler.passes.slicing.critical_path`): what an "auto" slice follows
     policy: SlicePolicy = SlicePolicy()
     path: CriticalPath = CriticalPath.chain(1, 1)
+    # the kernels' cost model's unit and hop (:func:`unit_costs`): each primitive's fixed cost a
+    # unit and a dependency's hop, seconds (None: none, the alpha-beta model alone)
+    p_unit: np.ndarray = None
+    hop: float = 0.0
 
     @property
     def ntbs(self) -> int:
@@ -132,9 +141,12 @@ def _fifo_positions(key: np.ndarray, count: np.ndarray) -> np.ndarray:
     return pos
 
 
-def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BLOCK_GBPS) -> SimProgram:
+def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BLOCK_GBPS,
+            costs: KernelCosts | None | str = MODEL_COSTS) -> SimProgram:
     """Size-independent arrays for simulating ``ir`` on ``topo`` (see the module docstring);
-    ``block_gbps``: the per-block limit (None or infinity: none).
+    ``block_gbps``: the per-block limit (None or infinity: none); ``costs``: the kernels' unit and
+    hop costs the simulator charges (:func:`unit_costs`; :data:`MODEL_COSTS`: ``SIM_COSTS``,
+    read at the call; None: none, the alpha-beta model alone).
 
     Raises :class:`SimulationError` when the rank counts differ or a sending primitive has no link.
     """
@@ -173,6 +185,7 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
     rdep_ptr, rdep_prim = _csr(do, dp, n)
     rdep_tb = tbs.gtb[rdep_prim] if len(rdep_prim) else rdep_prim
     chunk = chunk_anchors(ir).astype(np.int64)      # the slice anchors the kernels use
+    p_unit, hop = unit_costs(ir, kernel_cost.SIM_COSTS if isinstance(costs, str) and costs == MODEL_COSTS else costs)
     private = _private_resources(res_cap, tbs.gtb, si, p_route[si], route_res_ptr, route_res,
                                  np.flatnonzero((flags & F_REDUCE) > 0), rank_cres[rank],
                                  link_res_ptr, link_res, res_cap[bres0] if limited else np.inf)
@@ -187,7 +200,32 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
         link_alpha=np.asarray(topo.link_alpha, dtype=np.float64), nlinks=topo.nlinks, ngroups=len(topo.groups),
         p_route=p_route, route_res_ptr=route_res_ptr, route_res=route_res, nchannels=nchannels,
         block_gbps=float(block_gbps) if limited else None, res_private=private, policy=ir.slice_policy,
-        path=critical_path(ir))
+        path=critical_path(ir), p_unit=p_unit, hop=hop)
+
+
+def unit_costs(ir: ProgramIR, costs: KernelCosts | None) -> tuple[np.ndarray, float]:
+    """What the simulator charges a unit of each primitive of ``ir`` beyond its flows, and a
+    dependency's hop, at ``costs`` (seconds): a unit's fixed cost by its op at the program's warps
+    (:meth:`KernelCosts.fixed_seconds`, Simple: the slice policy's ``c``; a unit's bytes are its
+    flows, at the links' and the block's rates), and half a flag round trip
+    (:meth:`KernelCosts.hop_seconds`) between a primitive and one on another block of its rank
+    that depends on it. A message's hop is its link's latency (``alpha``: the cluster's figure for
+    a transfer reaching its peer), not charged twice. ``None``: neither. The event loop holds a
+    primitive's progress on its way for one micro-batch at a time, so the hop may not exceed the
+    fixed cost of a primitive another depends on (ValueError)."""
+    n = int(ir.nprims)
+    if costs is None:
+        return np.zeros(n, np.float64), 0.0
+    warps = max(1, int(getattr(ir, "nwarps", BLOCK_GBPS_WARPS) or BLOCK_GBPS_WARPS))
+    ops = ir.prims["op"].astype(np.int64)
+    fixed = {o: costs.fixed_seconds(unit_class(o), warps) for o in np.unique(ops).tolist()}
+    p_unit = np.array([fixed[o] for o in ops.tolist()], np.float64)
+    hop = float(costs.hop_seconds())
+    on = np.asarray(ir.dep_on, np.int64)
+    if hop > 0.0 and len(on) and float(p_unit[on].min()) < hop:
+        raise ValueError(f"a dependency's hop ({hop * 1e6:.3g} us) is longer than the fixed cost of a unit "
+                         f"depended on ({float(p_unit[on].min()) * 1e6:.3g} us): the simulator cannot compose it")
+    return p_unit, hop
 
 
 class _ThreadBlocks:
@@ -493,9 +531,20 @@ def lower_bound(prog: SimProgram, geo: Geometry) -> float:
     """A schedule-independent lower bound on the completion time (seconds).
 
     Every resource carries its bytes at no more than its capacity; on a link the last byte then
-    still needs the link's latency to reach the receiver, which must see it before it finishes."""
+    still needs the link's latency to reach the receiver, which must see it before it finishes.
+    A thread block runs one thing at a time: every unit's fixed cost (``p_unit``, once a primitive
+    and micro-batch), then its flows, so it takes at least its fixed costs plus its sends' bytes at
+    its block resource's capacity (where there is a per-block limit)."""
     rb = resource_bytes(prog, geo)
     t = rb / prog.res_cap
     L = prog.nlinks
     t[:L] = np.where(rb[:L] > 0, t[:L] + prog.link_alpha, 0.0)
+    if prog.p_unit is not None and prog.nprims:
+        gtb = np.repeat(np.arange(prog.ntbs), np.diff(prog.tb_ptr))
+        fixed = np.bincount(gtb, weights=prog.p_unit, minlength=prog.ntbs) * geo.nmb
+        if prog.block_gbps is not None:
+            bres0 = prog.nlinks + prog.ngroups + prog.nranks
+            t[bres0:bres0 + prog.ntbs] += fixed
+        else:
+            t = np.r_[t, fixed]
     return float(t.max()) if len(t) else 0.0

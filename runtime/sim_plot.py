@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hccc.runtime.sim_engine import K_RECV, K_REDUCE, K_SEND
+from hccc.runtime.sim_engine import K_RECV, K_REDUCE, K_SEND, K_UNIT
 from hccc.runtime.sim_model import SimProgram
 from hccc.runtime.simulator import SimResult
 
@@ -50,7 +50,7 @@ def plot_timeline(result: SimResult, prog: SimProgram, path: str | Path, *, titl
     fig, ax = plt.subplots(figsize=(12, fig_h), dpi=110)
     scale = 1e6
     styles = {K_SEND: dict(alpha=0.95, hatch=None), K_REDUCE: dict(alpha=0.95, hatch="///"),
-              K_RECV: dict(alpha=0.35, hatch=None)}
+              K_RECV: dict(alpha=0.35, hatch=None), K_UNIT: dict(alpha=0.6, hatch="..")}
     keep = row_of[tl.tb] >= 0
     for kind, style in styles.items():
         m = keep & (tl.kind == kind)

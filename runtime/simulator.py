@@ -19,7 +19,14 @@ What is simulated (the semantics of the generated kernels, ``templates/common/hc
   read; a sender blocks while ``NSLOTS`` slots are unread, a receiver until its slot is visible. A unit
   starts once the TB's cross-TB dependencies for that micro-batch are met (``deps``), its receive
   slot is visible and its send slot is free.
-* Costs of a unit: a reducing primitive first reduces the slice on its rank's reduction unit
+* The kernels' units and hops (the kernel cost model, :mod:`hccc.compiler.passes.kernel_cost`;
+  ``costs``, by default ``SIM_COSTS``, the measured calibration; None: neither): once its waits
+  are met, a primitive's micro-batch first pays its op's fixed cost at the program's warps
+  (:func:`hccc.runtime.sim_model.unit_costs`: what the slice policy counts a unit), then moves
+  its slices as below; a dependency on another block of the rank is met a hop (half a flag round
+  trip) after the micro-batch it waits for finished. A message's hop is its link's latency. The
+  per-block limit is then a block's rate beyond its units' fixed costs.
+* Costs of a unit's bytes: a reducing primitive first reduces the slice on its rank's reduction unit
   (``bytes / gamma``; free when the node declares no ``gamma``); a sending primitive then writes
   the slice into the peer's slot: a *flow* over ``Topology.link_between(src, dst)`` and every
   shared group of that link, at a max-min fair share (progressive filling) of the link capacity
@@ -28,7 +35,8 @@ What is simulated (the semantics of the generated kernels, ``templates/common/hc
   after the write ends; latency does not hold the link or the sender, so a stream of slots pays it
   once and a chain of dependent transfers pays it per hop. The receiver's copy out of the slot is
   not charged (it runs at memory speed, well above any link here); it frees the slot at once.
-  Hence one transfer of ``S`` bytes (one slice) on an idle link takes exactly ``alpha + S*beta``.
+  Hence one transfer of ``S`` bytes (one slice) on an idle link takes exactly ``alpha + S*beta``,
+  plus the sender's and the receiver's units where they are charged.
   Local primitives: ``REDUCE`` costs ``bytes / gamma`` like any reduction, ``COPY`` and ``NOP``
   are free. Reductions running at once on one rank share its ``gamma`` max-min fairly.
 * Metrics. Completion time = when the last TB finishes. ``algbw = size / time`` and
@@ -59,8 +67,9 @@ from hccc.compiler.pipeline.cost_model import ALLOCATION_SIZES, CostModel
 
 from hccc.runtime import sim_engine as eng
 from hccc.runtime.busbw import busbw_factor
-from hccc.runtime.sim_model import (DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError,
-                                    flow_classes, geometry, lower_bound, prepare, resource_bytes)
+from hccc.compiler.passes.kernel_cost import KernelCosts
+from hccc.runtime.sim_model import (DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, MODEL_COSTS, Geometry, SimProgram,
+                                    SimulationError, flow_classes, geometry, lower_bound, prepare, resource_bytes)
 from hccc.util import clock
 
 #: Default bound on the slices one simulation may process (about a minute of engine time).
@@ -80,7 +89,7 @@ bus_factor = busbw_factor
 
 @dataclass
 class Timeline:
-    """Recorded intervals: TB ``tb`` ran ``kind`` (0 send, 1 reduce, 2 receive) of primitive
+    """Recorded intervals: TB ``tb`` ran ``kind`` (0 send, 1 reduce, 2 receive, 3 a unit's fixed cost) of primitive
     ``prim`` for micro-batch ``mb`` over ``[t0, t1]`` seconds."""
 
     tb: np.ndarray
@@ -199,7 +208,15 @@ def _engine_args(prog: SimProgram, geo: Geometry, execution: str, rec_lim: int, 
             prog.dep_ptr, prog.dep_on, prog.rdep_ptr, prog.rdep_tb,
             prog.c_total, prog.c_stb, prog.c_rtb, prog.c_alpha,
             prog.route_res_ptr, prog.route_res, prog.res_cap, prog.rank_cres, geo.chunk_len,
-            cls.route_cls, cls.rank_cls, cls.ptr, cls.sh, cls.cap, bool(take_over))
+            cls.route_cls, cls.rank_cls, cls.ptr, cls.sh, cls.cap, *_unit_costs(prog), bool(take_over))
+
+
+def _unit_costs(prog: SimProgram) -> tuple[np.ndarray, float]:
+    """Each primitive's fixed cost a unit and the hop of a dependency (seconds; none for a
+    SimProgram made without them)."""
+    if prog.p_unit is None:
+        return np.zeros(prog.nprims, np.float64), 0.0
+    return np.asarray(prog.p_unit, np.float64), float(prog.hop)
 
 
 def _private(prog: SimProgram) -> np.ndarray:
@@ -261,7 +278,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
              max_units: int | None = MAX_UNITS, slice_bytes: int | str | None = None,
              block_gbps: float | None = DEFAULT_BLOCK_GBPS, work_budget: int | None = None,
              deadline: float | None = None, call_geometry: tuple[Geometry, int] | None = None,
-             stop: "StopSwitch | None" = None) -> SimResult:
+             stop: "StopSwitch | None" = None, costs: KernelCosts | None | str = MODEL_COSTS) -> SimResult:
     """Simulate one collective call of ``nbytes`` (the full buffer, nccl-tests' size).
 
     ``program`` is a ProgramIR or the result of :func:`prepare` (reuse it across sizes).
@@ -270,7 +287,9 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     ``record`` keeps the busy intervals (of every TB, or of the first ``record`` TBs when it is an
     integer) for :mod:`hccc.runtime.sim_plot`. ``max_units`` bounds the work (slices of primitives);
     past it the call fails fast with advice instead of running for hours. ``block_gbps``: the
-    per-block limit (:mod:`hccc.runtime.sim_model`; None: none) when ``program`` is a ProgramIR.
+    per-block limit (:mod:`hccc.runtime.sim_model`; None: none) and ``costs`` the kernels' unit and
+    hop costs (:func:`hccc.runtime.sim_model.prepare`: the model's by default; None: none) when
+    ``program`` is a ProgramIR.
     ``work_budget``: events plus re-shared flow classes after which the run stops with
     :class:`SimulationStopped` (None: no limit); ``deadline``: the work-clock time (:func:`hccc.util.clock.now`)
     at which it stops so (None: none; see :func:`simulate_by`).
@@ -280,7 +299,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     :class:`SimulationStopped`.
     Raises :class:`SimulationError` for a program that cannot run on ``topo`` or deadlocks.
     """
-    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
+    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps, costs)
     if int(nslots) < 1:
         raise ValueError("nslots must be at least 1")
     geo, slice_b = call_geometry or _call_geometry(prog, nbytes, slice_bytes, element_bytes)
@@ -344,9 +363,10 @@ def least_time(program: ProgramIR, topo: Topology, nbytes: int, *,
                element_bytes: int = DEFAULT_ELEMENT_BYTES) -> float:
     """Seconds no simulation of ``program`` at ``nbytes`` beats, whatever its channels, slices or
     schedule: every link, shared group and reduction unit carries the program's bytes at no more
-    than its capacity (:func:`hccc.runtime.sim_model.lower_bound` without the per-block limit), at
-    the cost of counting bytes instead of running the engine."""
-    prog = prepare(program, topo, None)
+    than its capacity (:func:`hccc.runtime.sim_model.lower_bound` without the per-block limit and
+    without the units' fixed costs, whose count follows the slice), at the cost of counting bytes
+    instead of running the engine."""
+    prog = prepare(program, topo, None, None)
     return lower_bound(prog, _call_geometry(prog, nbytes, "auto", element_bytes)[0])
 
 
@@ -434,11 +454,11 @@ def simulate_by(deadline: float, program: ProgramIR | SimProgram, topo: Topology
 
 def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,
                    slice_bytes: int | str | None = "auto", block_gbps: float | None = DEFAULT_BLOCK_GBPS,
-                   **kw) -> list[SimResult]:
+                   costs: KernelCosts | None | str = MODEL_COSTS, **kw) -> list[SimResult]:
     """:func:`simulate` for every size, preparing the program once. Unlike :func:`simulate`, the
     slice follows each size by default (``slice_bytes="auto"``, the policy ``hccc sim`` uses);
     pass ``slice_bytes=None`` for the program's slot capacity at every size."""
-    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
+    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps, costs)
     return [simulate(prog, topo, s, slice_bytes=slice_bytes, **kw) for s in sizes]
 
 

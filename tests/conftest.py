@@ -389,13 +389,28 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 @pytest.fixture
 def design_target_costs(monkeypatch):
-    """The slice policy under the v4 kernels' design targets (0.5 us a unit, 0.2 us a COPY or LL
-    unit, 100 GB/s a block) instead of the costs the kernel cost model holds (measured on the
+    """The slice policy and the simulator's units under the v4 kernels' design targets (0.5 us a
+    unit, 0.2 us a COPY or LL unit, 100 GB/s a block) instead of the costs the kernel cost model holds (measured on the
     fifth GPU run, compiler/passes/kernel_cost.py): the tests that explain the policy's arithmetic
     on worked examples were written at these figures, and their examples' outcomes depend on them."""
-    from hccc.compiler.passes import slicing
+    from hccc.compiler.passes import kernel_cost, slicing
     monkeypatch.setattr(slicing, "UNIT_SECONDS", 0.5e-6)
     monkeypatch.setattr(slicing, "COPY_UNIT_SECONDS", 0.2e-6)
     monkeypatch.setattr(slicing, "LL_UNIT_SECONDS", 0.2e-6)
     monkeypatch.setattr(slicing, "BLOCK_BYTES_PER_SECOND", 100e9)
+    # the simulator charges the same units (kernel_cost.DESIGN_TARGETS: 0.5 us a unit, 0.2 a COPY)
+    monkeypatch.setattr(kernel_cost, "SIM_COSTS", kernel_cost.DESIGN_TARGETS)
     return slicing
+
+
+@pytest.fixture
+def alpha_beta_costs(monkeypatch):
+    """The simulator as it was before it charged the kernels' unit and hop costs: none
+    (kernel_cost.SIM_COSTS None), and a block's rate on 64 KiB units with their fixed costs folded
+    in (kernel_cost.FOLDED_BLOCK_GBPS, where synthesis reads the default per-block limit) instead of
+    its rate beyond them. For the tests of mechanisms whose worked examples need that simulator
+    (thin slices winning: with the units charged they lose on these examples)."""
+    from hccc.compiler.passes import kernel_cost
+    from hccc.runtime import sim_model
+    monkeypatch.setattr(kernel_cost, "SIM_COSTS", None)
+    monkeypatch.setattr(sim_model, "DEFAULT_BLOCK_GBPS", kernel_cost.FOLDED_BLOCK_GBPS)

@@ -197,7 +197,23 @@ def test_the_models_constants_are_the_recorded_figures():
     assert kc.UNIT_SECONDS == pytest.approx(2.56e-6) and kc.COPY_UNIT_SECONDS == pytest.approx(2.07e-6)
     t256, t512 = (k * KiB / (g * 1e9) for k, g in zip((256, 512), u["copy_gbs"]["16"][3:]))
     assert kc.BLOCK_BYTES_PER_SECOND == pytest.approx(256 * KiB / (t512 - t256), rel=1e-12)
-    assert kc.SIM_BLOCK_GBPS == u["copy_gbs"]["16"][u["copy_unit_kib"].index(64)]
+    assert kc.SIM_BLOCK_GBPS == pytest.approx(256 * KiB / (t512 - t256) / 1e9, rel=1e-6)
+
+
+def test_the_simulators_costs_are_the_models_two_named_instances():
+    """The simulator charges the measured calibration by default (SIM_COSTS is V4_H200) and the
+    design targets are the v4 figures the worked examples were written at: 0.5 us a unit, 0.2 us a
+    COPY unit, 100 GB/s a block, no hop."""
+    from hccc.runtime import sim_model
+    assert kc.SIM_COSTS is kc.V4_H200
+    d = kc.DESIGN_TARGETS
+    for warps in (1, 4, 8, 16, 32):
+        assert d.fixed_seconds("SEND", warps) == pytest.approx(0.5e-6, rel=1e-12)
+        assert d.fixed_seconds("RECV_REDUCE_COPY", warps) == pytest.approx(0.5e-6, rel=1e-12)
+        assert d.fixed_seconds("COPY", warps) == pytest.approx(0.2e-6, rel=1e-12)
+        assert d.peak_bytes_per_second(warps) == 100e9
+    assert d.hop_seconds() == 0.0
+    assert sim_model.MODEL_COSTS == "model"
 
 
 def test_one_copy_of_each_cost():
@@ -446,12 +462,10 @@ def test_predict_prints_the_next_runs_targets(capsys, monkeypatch):
     assert cross["recursive"]["in_force_bytes"] == SMALL_BYTES
     from hccc.compiler.pipeline import load_program
     ar = load_program(model.ALGORITHMS["ring_allreduce_8"])
+    ag = load_program(model.ALGORITHMS["ring_allgather_8"])
     n = cross["LL"]["predicted_bytes"]
     assert n & (n - 1) == 0 and n >= 4 * KiB        # a power of two at which LL wins, and not at twice it
-    at = {p: model.predict(ar, n, kc.V4_H200, kernels="v4", sms=132, proto=p).total for p in ("ll", "simple")}
-    assert at["ll"] < at["simple"]
-    assert model.predict(ar, 2 * n, kc.V4_H200, kernels="v4", sms=132, proto="ll").total >= \
-        model.predict(ar, 2 * n, kc.V4_H200, kernels="v4", sms=132).total
+    assert n == kt.ll_ahead_up_to([ar, ag], kc.V4_H200) == abi.LL_AUTO_MAX_BYTES
     for r in d:
         assert r["target"]
         if r["predicted_us"] is None:
@@ -567,3 +581,36 @@ def test_bytes_in_flight_script(capsys):
         assert script.main(["--warps", bad]) == 1
         err = capsys.readouterr().err
         assert err.startswith("error: --warps") and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- thresholds the model sets
+def test_proto_autos_switch_is_the_models_crossover():
+    """``abi.LL_AUTO_MAX_BYTES`` is the largest power of two up to which the model puts LL ahead of
+    Simple for the ring AllReduce and AllGather of 8 ranks (one rank a GPU, the launchers'
+    slices, the measured units), recomputed here: LL ahead at it, behind at twice it."""
+    from hccc.compiler.backend import abi
+    progs = [build_program(gen.ring_allreduce(8)), build_program(gen.ring_allgather(8))]
+    assert kt.ll_ahead_up_to(progs, kc.V4_H200) == abi.LL_AUTO_MAX_BYTES
+    n = abi.LL_AUTO_MAX_BYTES
+    for p in progs:
+        assert kt.call_time(p, n, kc.V4_H200, "ll").total < kt.call_time(p, n, kc.V4_H200, "simple").total
+    assert any(kt.call_time(p, 2 * n, kc.V4_H200, "ll").total >= kt.call_time(p, 2 * n, kc.V4_H200, "simple").total
+               for p in progs)
+
+
+def test_ll_ahead_up_to_stops_at_the_first_size_ll_is_behind():
+    """The crossover of hand-made times: LL ahead at 4 and 8 KiB, behind at 16, ahead again at 32
+    (ignored: the switch is one size), and none where LL is behind at the smallest."""
+    class Fake:
+        pass
+
+    def fake_time(p, n, costs, proto):
+        t = Fake()
+        ahead = {4096: True, 8192: True, 16384: False, 32768: True}[n]
+        t.total = (1.0 if ahead else 3.0) if proto == "ll" else 2.0
+        return t
+    import pytest as _pytest
+    with _pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kt, "call_time", fake_time)
+        assert kt.ll_ahead_up_to([None], kc.V4_H200, (4096, 8192, 16384, 32768)) == 8192
+        assert kt.ll_ahead_up_to([None], kc.V4_H200, (16384, 32768)) == 0

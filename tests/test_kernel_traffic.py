@@ -156,16 +156,6 @@ def test_kernel_model_overlapped_sync_term():
     assert small["fill_us"] > hidden["fill_us"]          # latency is not overlapped
 
 
-def test_ll_auto_threshold_is_the_model_crossover():
-    """``--proto auto`` switches at the crossover the model predicts for ring AllReduce 8."""
-    from hccc.compiler.backend import abi
-    from hccc.compiler.pipeline import load_program
-    model = _script("kernel_model")
-    ir = load_program(model.ALGORITHMS["ring_allreduce_8"])
-    kw = dict(latency_ns=700, hbm_gbs=3000, sms=model.H100_SMS, launch_us=5.0, ll_sync_us=0.2)
-    assert model.ll_crossover(ir, **kw) == abi.LL_AUTO_MAX_BYTES
-
-
 def test_kernel_model_v4_terms(monkeypatch, capsys):
     """v4 (every cost a constant of compiler/passes/slicing.py, the kernel cost model's): the slice is the
     launchers'; the fill is the critical path's units beyond its whole runs at a unit's full cost

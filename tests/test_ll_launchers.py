@@ -32,7 +32,7 @@ from communicator_calls import INSTANCE, PROGRAMS, no_leaks, require_torch, call
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 ROOT = Path(__file__).resolve().parent.parent
 #: the documented crossover of ``--proto auto`` (docs/kernel-protocol.md), in bytes of full buffer
-CROSSOVER = 128 * 1024
+CROSSOVER = 256 * 1024
 
 
 @pytest.fixture(scope="module")

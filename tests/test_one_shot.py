@@ -319,5 +319,6 @@ def test_the_torch_backend_runs_small_calls_on_the_small_programs():
         # buffer is 3 ranks' parts: 1,152 bytes one-step, then the ring
         assert st["entries"] == {"one_shot_allreduce_3": 1, "direct_allreduce_3": 1, "ring_allreduce_3": 1,
                                  "direct_allgather_3": 1, "ring_allgather_3": 2}, st
-        # --proto auto: LL up to LL_AUTO_MAX_BYTES (128 KiB), so all but the largest AllGather
-        assert st["protos"] == {"ll": 5, "simple": 1}, st
+        # --proto auto: LL up to LL_AUTO_MAX_BYTES (256 KiB), so every call (the largest
+        # AllGather's full buffer is 192.4 KiB)
+        assert st["protos"] == {"ll": 6}, st

@@ -161,17 +161,19 @@ def test_the_cost_model_keeps_the_step_order_unless_the_key_order_is_faster():
         _checked(ir)
 
 
-def test_a_compile_on_a100_topo4_keeps_hm_allreduce_4x8_in_key_order():
-    """On the 4 x 8 A100 cluster the alpha-beta simulator finds HM AllReduce 4x8's key order
-    faster (its ring steps send a chunk that is ready early sooner): the compile keeps it, and
-    says so in the program's stats; without a cluster the program is step-ordered."""
+def test_a_compile_on_a100_topo4_weighs_hm_allreduce_4x8s_orders_and_keeps_the_step_order():
+    """On the 4 x 8 A100 cluster the compile simulates HM AllReduce 4x8 in both orders and keeps
+    the faster, saying so in the program's stats. The simulator charges the kernels' units and
+    hops, and finds the step order faster (1,456 against 1,518 us at the sizes weighed; the
+    alpha-beta model alone had found the key order faster, its ring steps sending a chunk that is
+    ready early sooner); without a cluster the program is step-ordered too."""
     from hccc.compiler.pipeline.options import CompileOptions
     from hccc.runtime.compile import build, cluster_of
     alg = load_rccl(HM_4X8)
     ir = build(str(HM_4X8), CompileOptions(), topology=cluster_of(ROOT / "examples" / "clusters" / "a100_topo4.topo"))
     st = ir.stats
-    assert st["phase_order_kept"] == "key" and st["phase_order_key_s"] < st["phase_order_step_s"]
-    assert step_inversions(ir, np.asarray(alg.step)) == 1072
+    assert st["phase_order_kept"] == "step" and st["phase_order_step_s"] < st["phase_order_key_s"]
+    assert step_inversions(ir, np.asarray(alg.step)) == 0
 
 
 def test_hm_allreduce_4x8_slots_never_hold_a_send_back_in_the_simulator():
@@ -179,7 +181,9 @@ def test_hm_allreduce_4x8_slots_never_hold_a_send_back_in_the_simulator():
     4 channels: the simulator holds a send until its slot is free (the receiver consumed message
     k - NSLOTS), yet with 8 slots no send waits long enough to matter, in either order (the same
     time as with 64 slots), while one slot does slow both: the alpha-beta model sees no
-    back-pressure convoy. Key order 558.9 us, step order 611.5 us there."""
+    back-pressure convoy, with the kernels' units and hops charged too. Key order 770.8 us, step
+    order 867.4 us there (558.9 and 611.5 in the alpha-beta model alone): the fifth GPU run's 77 ms
+    stays unexplained."""
     from hccc.compiler.passes.channels import with_channels
     from hccc.compiler.pipeline import read_cluster
     from hccc.runtime.simulator import NSLOTS, simulate
@@ -193,4 +197,4 @@ def test_hm_allreduce_4x8_slots_never_hold_a_send_back_in_the_simulator():
         assert t[8].micro_batches == 9
         assert t[8].time_s == pytest.approx(t[64].time_s, rel=1e-12) and t[1].time_s > 1.1 * t[8].time_s
         times[order] = t[8].time_us
-    assert times[False] == pytest.approx(558.9, abs=0.1) and times[True] == pytest.approx(611.5, abs=0.1)
+    assert times[False] == pytest.approx(770.8, abs=0.1) and times[True] == pytest.approx(867.4, abs=0.1)

@@ -344,11 +344,13 @@ def test_a_catalog_serves_scatter_at_its_root(tmp_path, capsys):
     assert entry is None and why == "no scatter algorithm for root 2 (the catalog's roots: 3)"
 
 
-@pytest.mark.parametrize("topo,n,faster", [("a100_topo1", 8, "direct"), ("a100_topo2", 16, "direct"),
+@pytest.mark.parametrize("topo,n,faster", [("a100_topo1", 8, "binomial"), ("a100_topo2", 16, "binomial"),
                                            ("a100_topo3", 16, "binomial")])
 def test_the_simulator_prefers_what_the_catalog_says(topo, n, faster):
-    """The comparison behind the built-in catalog's scatter entries, at 64 MiB: linear on one node
-    and on two servers, the binomial tree on four."""
+    """The comparison behind the built-in catalog's scatter entries, at 64 MiB: the binomial tree
+    on two servers and on four, since the simulator charges the kernels' units (2 x 4 A100s: 1.00
+    against 1.37 ms; 2 x 8: 0.95 against 1.36; the alpha-beta model alone had the linear scatter
+    ahead on two servers). The catalog offers both across nodes and lets the simulator choose."""
     from hccc.compiler.pipeline import load_cluster
     from hccc.runtime.simulator import simulate
     cluster = load_cluster(CLUSTERS / f"{topo}.topo")

@@ -37,22 +37,30 @@ def test_resolve_slice():
         resolve_slice("auto", 64 * MiB, 32, MiB)                 # the model needs the program's
 
 
-def test_simulate_records_the_slice_and_auto_beats_fixed_slots_at_64M():
+def test_simulate_records_the_slice_and_the_model_and_the_simulator_agree_at_64M():
     """HM AllReduce 4x8 at 64 MiB (2 MiB chunks): the slot capacity gives 2 micro-batches a chunk;
-    the model, for this program's fill (CP(m) = 8 m + 20 at m = 16: its reduce-scatter, exchange
-    and all-gather chained), about 12, which the link model finds much faster too."""
+    the model, for this program's fill (its step order: CP(m) = 10 m + 11 from m = 4, its
+    reduce-scatter, exchange and all-gather chained), 4. The simulator charges the same units
+    (2.5 us each, kernel_cost.SIM_COSTS) and block rate, and finds the model's slice within 2 % of
+    the best power of two it tries (2 micro-batches there, 1.5 % faster; thinner slices lose: 16
+    micro-batches 0.83 of it). Before the simulator charged units it found 12 micro-batches 1.3x
+    faster than 2."""
     topo = load_cluster(f"{REPO}/examples/clusters/a100_topo4.topo")
-    ir = build_for_execution(gen.hm_allreduce(4, 8), "task", topology=topo)   # key order kept there
-    assert ir.stats["phase_order_kept"] == "key"
+    # step order kept there: with the kernels' unit and hop costs the cost model finds it faster
+    ir = build_for_execution(gen.hm_allreduce(4, 8), "task", topology=topo)
+    assert ir.stats["phase_order_kept"] == "step"
     prog = prepare(ir, topo)
     fixed = simulate(prog, topo, 64 * MiB)
     auto = simulate(prog, topo, 64 * MiB, slice_bytes="auto")
     want = program_slice_bytes(ir, 64 * MiB, slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks))
     assert (fixed.slice_bytes, fixed.micro_batches) == (MiB, 2)
     assert auto.slice_bytes == want and auto.micro_batches == micro_batches(64 * MiB, 32, want)
-    assert 8 <= auto.micro_batches <= 16 and critical_path(ir).slope == 8
+    assert auto.micro_batches == 4 and critical_path(ir).slope == 10
     assert auto.summary()["chunk_bytes"] == want and auto.summary()["slot_bytes"] == MiB
-    assert auto.busbw_GBps > 1.3 * fixed.busbw_GBps
+    tried = {sl: simulate(prog, topo, 64 * MiB, slice_bytes=sl).busbw_GBps for sl in (MiB, MiB // 2, MiB // 4,
+                                                                                      MiB // 8, MiB // 16)}
+    assert auto.busbw_GBps >= 0.98 * max(tried.values())
+    assert tried[MiB // 8] < 0.9 * auto.busbw_GBps
 
 
 # ----------------------------------------------------------------------------- clusters
@@ -95,6 +103,11 @@ CLUSTERS = {
 ALGOS = {"allgather": gen.hm_allgather, "allreduce": gen.hm_allreduce}
 SIZES = (64 * MiB, 1 << 30)
 SLACK = 0.995   # numeric slack only
+#: the cases where task-level HPDS falls behind algorithm-level execution since the simulator
+#: charges the kernels' unit and hop costs (kernel_cost.SIM_COSTS), by how much at most: HM
+#: AllReduce on Fig. 10 at 64 MB (0.986 of it) and on the shipped V100 4+8 at 1 GB (0.988): the
+#: start-up slice that task-level execution pays (below) costs its units' fixed costs too
+BEHIND = {("fig10", "allreduce", 0): 0.98, ("v100_4_8_example", "allreduce", 1): 0.98}
 
 # HM AllReduce on the Fig. 10 cluster at 64 MB is the closest case: the two directions of the
 # 8 GB/s inter-node group carry all the time, and task-level execution pays about one slice of
@@ -139,6 +152,9 @@ def test_hpds_at_least_as_fast_as_rr_and_algorithm_level(cluster, coll, i):
     size = SIZES[i]
     assert h[i][1] == r[i][1] == a[i][1], "every configuration gets the same slice"
     assert h[i][0] >= SLACK * r[i][0], f"{size >> 20} MB: HPDS {h[i][0]:.2f} < rr {r[i][0]:.2f} GB/s"
-    assert h[i][0] >= SLACK * a[i][0], f"{size >> 20} MB: HPDS {h[i][0]:.2f} < algorithm-level {a[i][0]:.2f} GB/s"
+    behind = BEHIND.get((cluster, coll, i), SLACK)
+    assert h[i][0] >= behind * a[i][0], f"{size >> 20} MB: HPDS {h[i][0]:.2f} < algorithm-level {a[i][0]:.2f} GB/s"
+    if behind < SLACK:
+        assert h[i][0] < SLACK * a[i][0], "no longer behind: drop the case from BEHIND"
 
 

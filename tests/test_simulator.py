@@ -6,7 +6,9 @@ completion time with the formula the model implies (see ``hccc.runtime.simulator
 
 The closed forms of the link model run without the per-block limit (``block_gbps=None``, through
 the wrappers below); the limit has its own closed forms at the end of the file, and the oracle
-comparison (test_simulator_oracle.py) covers both.
+comparison (test_simulator_oracle.py) covers both. They run without the kernels' unit and hop
+costs too (``costs=None``: the alpha-beta model alone); tests/test_sim_unit_costs.py has the closed
+forms of those.
 """
 from __future__ import annotations
 
@@ -30,18 +32,20 @@ from hccc.runtime.simulator import SimulationError, build_for_execution, bus_fac
 
 
 def simulate(*args, **kw):
-    """The link model's simulate: no per-block limit unless asked."""
+    """The link model's simulate: no per-block limit unless asked, no unit or hop cost."""
     kw.setdefault("block_gbps", None)
+    kw.setdefault("costs", None)
     return sim.simulate(*args, **kw)
 
 
 def simulate_sizes(*args, **kw):
     kw.setdefault("block_gbps", None)
+    kw.setdefault("costs", None)
     return sim.simulate_sizes(*args, **kw)
 
 
 def prepare(ir, topo, block_gbps=None):
-    return sim_prepare(ir, topo, block_gbps)
+    return sim_prepare(ir, topo, block_gbps, None)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -516,19 +520,21 @@ def test_build_without_fusion_has_no_fused_primitives():
 @pytest.mark.parametrize("warps", [16, 32, 8, 4, 1])
 def test_single_transfer_runs_at_the_smaller_of_link_and_channels_x_block_rate(channels, block_gbps, warps):
     """One connection, one 64 MiB transfer: time = alpha + S / min(link bandwidth, K x block),
-    a block of fewer than 16 warps moving as the fifth GPU run's copy-engine table scales with the
-    warps at 64 KiB units (1, 4, 16 warps: 6.4, 14.9, 21.2 GB/s; linear in log2 warps between;
-    at 16 and more, the rate given)."""
+    a block of fewer than 16 warps moving as the fifth GPU run's copy-engine table's rate on long
+    units scales with the warps (the slope between its 256 and 512 KiB units, each column's rate
+    linear in log2 warps between 1, 4 and 16 warps; at 16 and more, the rate given)."""
     topo = cluster(2, {(0, 1): (25, 2, 1.0)})
     ir = single_transfer_ir()
     ir.nchannels = channels
     ir.nwarps = warps
     nbytes = 64 * MiB
-    r = sim.simulate(ir, topo, nbytes, block_gbps=block_gbps)
+    r = sim.simulate(ir, topo, nbytes, block_gbps=block_gbps, costs=None)
     from hccc.compiler.passes.kernel_cost import COPY_GBS, COPY_UNIT_KIB
-    col = COPY_UNIT_KIB.index(64)
-    at = np.interp(np.log2(warps), [0, 2, 4], [COPY_GBS[w][col] for w in (1, 4, 16)])
-    rate = min(50e9, channels * block_gbps * 1e9 * min(1.0, at / COPY_GBS[16][col]))
+    def long_units(w):
+        a, b = (np.interp(np.log2(w), [0, 2, 4], [COPY_GBS[x][COPY_UNIT_KIB.index(k)] for x in (1, 4, 16)])
+                for k in (256, 512))
+        return 256 / (512 / b - 256 / a)
+    rate = min(50e9, channels * block_gbps * 1e9 * min(1.0, long_units(warps) / long_units(16)))
     assert r.time_s == pytest.approx(1e-6 + nbytes / rate, rel=1e-12)
     assert r.time_s >= r.lower_bound_s * (1 - 1e-12)
 
@@ -541,7 +547,7 @@ def test_block_limit_is_per_thread_block_not_per_link():
                         (1, [(Op.RECV, -1, 0, 0)]), (2, [(Op.RECV, -1, 0, 1)])])
     ir.nchannels = 2
     nbytes = 32 * MiB
-    r = sim.simulate(ir, topo, nbytes, block_gbps=10.0)
+    r = sim.simulate(ir, topo, nbytes, block_gbps=10.0, costs=None)
     assert r.time_s == pytest.approx((nbytes // 2) / 20e9, rel=1e-12)
 
 
@@ -561,11 +567,11 @@ def test_simulated_time_falls_with_channels_until_the_link_saturates(data):
     times = []
     for k in range(1, 17):
         ir.nchannels = k
-        times.append(sim.simulate(ir, topo, size, block_gbps=block).time_s)
+        times.append(sim.simulate(ir, topo, size, block_gbps=block, costs=None).time_s)
     for a, b in zip(times, times[1:]):
         assert b <= a * (1 + 1e-9)
     sat = int(np.ceil(gbps / block))
     if sat < 16:
         assert all(t == pytest.approx(times[sat - 1], rel=1e-9) for t in times[sat - 1:])
         ir.nchannels = 1
-        assert times[sat - 1] == pytest.approx(sim.simulate(ir, topo, size, block_gbps=None).time_s, rel=1e-9)
+        assert times[sat - 1] == pytest.approx(sim.simulate(ir, topo, size, block_gbps=None, costs=None).time_s, rel=1e-9)

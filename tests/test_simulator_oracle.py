@@ -7,10 +7,14 @@ started until nothing changes, then max-min fair rates are recomputed from scrat
 active flows, and time jumps to the next flow end or slot visibility. No batching, components,
 heaps or incremental state, so a bug in the fast engine's bookkeeping shows up as a mismatch.
 The per-block limit: every send of a TB also holds a resource named after the TB, of capacity
-``nchannels x block_gbps`` (none with ``block_gbps=None``).
+``nchannels x block_gbps`` (none with ``block_gbps=None``). The kernels' unit and hop costs
+(``costs``, a KernelCosts whose rows hold one figure at every warps): a unit pays its op's fixed
+cost before its first chunk's flows, once its waits are met; a dependency is met a hop after the
+micro-batch it waits for finished (each micro-batch's finish time kept, not only the latest).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -33,7 +37,7 @@ class ReferenceSimulator:
     """See the module docstring. ``run()`` returns (time, tb_finish, tb_busy) keyed by (rank, tb)."""
 
     def __init__(self, ir, topo, nbytes, *, execution="task", element_bytes=4, nslots=NSLOTS,
-                 block_gbps=DEFAULT_BLOCK_GBPS):
+                 block_gbps=DEFAULT_BLOCK_GBPS, costs=None):
         self.ir, self.topo, self.nslots = ir, topo, nslots
         self.block_bps = None if block_gbps is None else ir.nchannels * block_gbps * 1e9
         P = ir.prims
@@ -57,6 +61,15 @@ class ReferenceSimulator:
             self.prim.append(dict(op=op, rank=int(P["rank"][i]), tb=int(P["tb"][i]),
                                   sp=int(P["send_peer"][i]), rp=int(P["recv_peer"][i]),
                                   ch=int(P["channel"][i]), cnt=int(P["count"][i]), chunk=int(anchor[i])))
+        # a unit's fixed cost by its op (the row's one figure) and a dependency's hop
+        self.unit = [0.0] * n
+        self.hop = 0.0
+        if costs is not None:
+            for i, pr in enumerate(self.prim):
+                op = pr["op"]
+                row = ("RECV_REDUCE_COPY" if op.reduces else "RECV") if op.receives else "SEND" if op.sends else "COPY"
+                self.unit[i] = costs.unit_us[row][0] * 1e-6
+            self.hop = costs.flag_round_trip_us / 2 * 1e-6
         self.deps = {i: [] for i in range(n)}
         for a, b in zip(ir.dep_prim.tolist(), ir.dep_on.tolist()):
             self.deps[a].append(b)
@@ -142,6 +155,8 @@ class ReferenceSimulator:
         head, tail = {}, {}           # connection -> consumed / visible posts
         pending = {}                  # connection -> [(visible time, post)] in post order
         send_start, vis_time = {}, {}  # (connection, post) -> time
+        done_at = {}                  # (prim, micro-batch) -> when it finished
+        timers = []                   # when a unit's fixed cost ends or a dependency's hop does
         now = 0.0
         while True:
             changed = True
@@ -159,7 +174,7 @@ class ReferenceSimulator:
                     p, m, k = self.units[key][s["j"]]
                     pr = self.prim[p]
                     if s["stage"] == "start":
-                        if any(progress.get(q, 0) < m + 1 for q in self.deps[p]):
+                        if any(progress.get(q, 0) < m + 1 or done_at[(q, m)] + self.hop > now for q in self.deps[p]):
                             continue
                         # the first chunk of a message waits for its data / a free slot
                         if pr["op"].receives and k == 0:
@@ -177,6 +192,15 @@ class ReferenceSimulator:
                         s["bytes"] = self.slice_bytes(pr["chunk"] + k, m)
                         s["stage"] = "reduce"
                         changed = True
+                        if k == 0 and self.unit[p] > 0:
+                            s["stage"], s["until"] = "fixed", now + self.unit[p]
+                            s["busy"] += self.unit[p]
+                            timers.append(s["until"])
+                            continue
+                    if s["stage"] == "fixed":
+                        if s["until"] > now:
+                            continue
+                        s["stage"] = "reduce"
                     if s["stage"] == "reduce":
                         s["stage"] = "send"
                         if pr["op"].reduces and s["bytes"] > 0 and math.isfinite(self.gamma[pr["rank"]]):
@@ -205,6 +229,8 @@ class ReferenceSimulator:
                         head[c] = post + 1
                     if k == pr["cnt"] - 1:
                         progress[p] = m + 1
+                        done_at[(p, m)] = now
+                        timers.append(now + self.hop)
                     s["j"] += 1
                     s["ready"] = now
                     s["stage"] = "start"
@@ -216,7 +242,7 @@ class ReferenceSimulator:
             active = [key for key in self.tbs if tb[key]["flow"] is not None]
             rates = self.max_min([tb[key]["flow"]["res"] for key in active], self.capacity)
             ends = [now + tb[key]["flow"]["rem"] / r for key, r in zip(active, rates)]
-            vis = [q[0][0] for q in pending.values() if q]
+            vis = [q[0][0] for q in pending.values() if q] + [x for x in timers if x > now]
             if not ends and not vis:
                 raise RuntimeError("reference: deadlock")
             t_next = min(ends + vis)
@@ -262,10 +288,23 @@ def clusters(draw, n: int, *, allow_groups: bool = True, allow_gamma: bool = Tru
     return b.build()
 
 
-def compare(ir, topo, nbytes, execution, nslots=NSLOTS, block_gbps=DEFAULT_BLOCK_GBPS):
-    fast = simulate(ir, topo, nbytes, execution=execution, nslots=nslots, block_gbps=block_gbps)
+@st.composite
+def unit_costs(draw):
+    """None (the alpha-beta model alone) or the kernels' unit and hop costs with one figure a row
+    (any warps), the hop no longer than the cheapest unit (what the event loop composes)."""
+    from hccc.compiler.passes.kernel_cost import DESIGN_TARGETS
+    if draw(st.booleans()):
+        return None
+    rows = {k: (draw(st.sampled_from([0.0, 0.3, 1.0, 2.5])),) * 3 for k in ("COPY", "SEND", "RECV", "RECV_REDUCE_COPY")}
+    least = min(r[0] for r in rows.values())
+    hop = draw(st.sampled_from([0.0, least / 2, least])) if least > 0 else 0.0
+    return dataclasses.replace(DESIGN_TARGETS, unit_us=rows, flag_round_trip_us=2 * hop)
+
+
+def compare(ir, topo, nbytes, execution, nslots=NSLOTS, block_gbps=DEFAULT_BLOCK_GBPS, costs=None):
+    fast = simulate(ir, topo, nbytes, execution=execution, nslots=nslots, block_gbps=block_gbps, costs=costs)
     t, finish, busy = ReferenceSimulator(ir, topo, nbytes, execution=execution, nslots=nslots,
-                                         block_gbps=block_gbps).run()
+                                         block_gbps=block_gbps, costs=costs).run()
     assert fast.time_s == pytest.approx(t, rel=1e-9, abs=1e-15)
     keys = list(zip(fast.tb_rank.tolist(), fast.tb_local.tolist()))
     assert sorted(keys) == sorted(finish)
@@ -292,7 +331,7 @@ def test_engine_matches_reference_on_random_programs_and_clusters(data):
     nslots = data.draw(st.sampled_from([NSLOTS, 1, 2]), label="nslots")
     ir.nchannels = data.draw(st.sampled_from([1, 2, 3]), label="channels")
     block_gbps = data.draw(st.sampled_from([None, 4.0, DEFAULT_BLOCK_GBPS, 1000.0]), label="block_gbps")
-    compare(ir, topo, nbytes, execution, nslots, block_gbps)
+    compare(ir, topo, nbytes, execution, nslots, block_gbps, data.draw(unit_costs(), label="costs"))
 
 
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -300,8 +339,8 @@ def test_engine_matches_reference_on_random_programs_and_clusters(data):
 def test_least_time_bounds_every_simulation_of_the_program(data):
     """``least_time`` (what ``synth`` uses to leave unsimulated a program that cannot beat another):
     no simulation of the program at that size ends sooner, with any channels, per-block limit or
-    slice; it is the bound the simulator reports for the program at its own slices without the
-    per-block limit."""
+    slice or the kernels' unit costs; it is the bound the simulator reports for the program at its
+    own slices without the per-block limit or unit costs."""
     alg = data.draw(valid_programs(max_ranks=6, min_ranks=2), label="algorithm")
     n = alg.header.nranks
     topo = data.draw(clusters(n), label="cluster")
@@ -309,7 +348,7 @@ def test_least_time_bounds_every_simulation_of_the_program(data):
     ir = build_for_execution(alg, "task", chunk_bytes=chunk)
     nbytes = data.draw(st.integers(0, 24 * chunk * n), label="nbytes")
     least = least_time(ir, topo, nbytes)
-    plain = simulate(ir, topo, nbytes, block_gbps=None, slice_bytes="auto")
+    plain = simulate(ir, topo, nbytes, block_gbps=None, slice_bytes="auto", costs=None)
     assert least == pytest.approx(plain.lower_bound_s, rel=1e-12, abs=1e-18)
     assert plain.time_s >= least * (1 - 1e-9)
     for _ in range(3):
@@ -337,25 +376,35 @@ def test_engine_matches_reference_on_multi_chunk_steps(data):
     # how the importer proved it deadlock-free (these send before they receive: "algorithm", with
     # the runtimes' two Simple messages per connection)
     assert ir.origin.execution == "algorithm"
-    compare(ir, topo, nbytes, "algorithm", data.draw(st.sampled_from([NSLOTS, 2]), label="nslots"))
+    compare(ir, topo, nbytes, "algorithm", data.draw(st.sampled_from([NSLOTS, 2]), label="nslots"),
+            costs=data.draw(unit_costs(), label="costs"))
+
+
+def measured_flat():
+    """The measured calibration's units at 16 warps (the CUDA kernels' blocks) and its hop, one
+    figure a row."""
+    from hccc.compiler.passes.kernel_cost import V4_H200
+    rows = {k: (V4_H200.fixed_seconds(k, 16) * 1e6,) * 3 for k in V4_H200.unit_us}
+    return dataclasses.replace(V4_H200, unit_us=rows, copy_kib=(), copy_gbs={}, flat_gbs=50.0)
 
 
 @pytest.mark.parametrize("name", ["hm_allreduce_2x4", "hm_allgather_2x4", "ring_allreduce_8"])
 @pytest.mark.parametrize("execution", ["task", "algorithm"])
-def test_engine_matches_reference_on_examples(name, execution):
+@pytest.mark.parametrize("with_costs", [False, True])
+def test_engine_matches_reference_on_examples(name, execution, with_costs):
     from hccc.compiler.pipeline import load_algorithm, load_cluster
 
     alg = load_algorithm(f"examples/{name}.rccl")
     topo = load_cluster("examples/clusters/a100_topo1.topo")
     ir = build_for_execution(alg, execution, chunk_bytes=1 << 16)
-    compare(ir, topo, 8 * 5 * (1 << 16) + 12, execution)
+    compare(ir, topo, 8 * 5 * (1 << 16) + 12, execution, costs=measured_flat() if with_costs else None)
 
 
 @settings(max_examples=30)
 @given(data=st.data())
 def test_uniform_speedup_scales_time_exactly(data):
-    """Bandwidths, gamma and the per-block limit x k with latencies / k: every event happens k
-    times sooner."""
+    """Bandwidths, gamma and the per-block limit x k with latencies, units' costs and hops / k: every
+    event happens k times sooner."""
     alg = data.draw(valid_programs(max_ranks=5, min_ranks=2))
     n = alg.header.nranks
     k = data.draw(st.sampled_from([2, 4, 10]))
@@ -375,8 +424,15 @@ def test_uniform_speedup_scales_time_exactly(data):
 
     ir = build_program(alg, chunk_bytes=1024)
     size = data.draw(st.integers(1, 40 * 1024))
-    t1 = simulate(ir, make(1), size, block_gbps=7.0).time_s
-    tk = simulate(ir, make(k), size, block_gbps=7.0 * k).time_s
+    costs = data.draw(unit_costs(), label="costs")
+
+    def scaled(div):
+        if costs is None:
+            return None
+        return dataclasses.replace(costs, unit_us={r: tuple(x / div for x in v) for r, v in costs.unit_us.items()},
+                                   flag_round_trip_us=costs.flag_round_trip_us / div)
+    t1 = simulate(ir, make(1), size, block_gbps=7.0, costs=scaled(1)).time_s
+    tk = simulate(ir, make(k), size, block_gbps=7.0 * k, costs=scaled(k)).time_s
     assert tk == pytest.approx(t1 / k, rel=1e-9)
 
 

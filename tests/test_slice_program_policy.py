@@ -201,7 +201,7 @@ def _synth(tmp_path, capsys, name: str) -> tuple[dict, Path]:
     return json.loads(capsys.readouterr().out), out
 
 
-@pytest.mark.usefixtures("design_target_costs")
+@pytest.mark.usefixtures("design_target_costs", "alpha_beta_costs")
 def test_synth_keeps_smaller_slices_where_they_are_faster_and_affordable(tmp_path, capsys, monkeypatch):
     """At 16 MiB the tree program's chunks are 64 KiB, one slice each by the model (a unit costs
     as much as moving 50 KB, and the trees' fill is a few units): a pipeline fill the size cannot
@@ -229,7 +229,8 @@ def test_synth_keeps_smaller_slices_where_they_are_faster_and_affordable(tmp_pat
     for got, path in ((plain, out), (thin, out2)):
         prog = load_program(str(path))
         prog.nchannels = got["channels"]          # the header's nChannels, as hccc sim takes it
-        t = simulate(prog, topo, 16 * MiB, slice_bytes="auto").time_s
+        from hccc.runtime import sim_model
+        t = simulate(prog, topo, 16 * MiB, slice_bytes="auto", block_gbps=sim_model.DEFAULT_BLOCK_GBPS).time_s
         assert got["fraction_of_bound"] == pytest.approx(got["bandwidth_bound"]["seconds"] / t, rel=1e-12)
     assert main(["synth", str(REPO / "examples" / "clusters" / "a100_topo1.topo"), "--collective", "allgather",
                  "--method", "trees", "--size", "16M", "-o", str(tmp_path / "said.rccl")]) == 0
@@ -241,6 +242,7 @@ def test_synth_keeps_smaller_slices_where_they_are_faster_and_affordable(tmp_pat
 
 
 
+@pytest.mark.usefixtures("alpha_beta_costs")     # where thin slices win (conftest)
 def test_a_thin_simulation_that_would_outlast_the_limit_is_not_started(monkeypatch):
     """``_thin_slices`` scales the default program's simulation by the slots; where that would end
     past the deadline it starts nothing and keeps the default."""

@@ -182,9 +182,8 @@ def test_a_program_short_of_its_packing_is_tried_with_half_the_streams(monkeypat
     trees): its program simulates more than ``FEWER_STREAMS_ABOVE`` slower than the packing's time
     in the link model (each of its many streams crosses a link at a small share of it, so its
     pipeline fills and drains slowly), so the same LP rounded to half the chunks is simulated too,
-    and the faster is kept: within 0.97 of the cut bound (0.974 at the v4 slice policy's default
-    slices, which weigh a unit's cost against the fill where the simulator charges nothing a unit;
-    0.98 and more at the earlier fixed 32 micro-batches), where the many streams' best is not.
+    and the faster is kept: within 0.97 of the cut bound at the design targets' units (the slice
+    policy and the simulator both charging 0.5 us a unit), where the many streams' best is not.
     Without the halving (the threshold out of reach), the program stays short. Candidates are
     scored at hccc's default slices here (``THIN_CHOOSE_MOST`` 0): at its own 16 KiB slices the
     first one is no longer short (0.991 of the bound, tests/test_slice_program_policy.py has that

@@ -196,7 +196,8 @@ def test_smaller_slices_guessed_beside_the_default_are_the_ones_the_selection_ta
     assert sum(m.guessed for m in plain_made) == 0
 
 
-@pytest.mark.usefixtures("design_target_costs")   # thin slices affordable at 0.5 us a unit
+# thin slices affordable at 0.5 us a unit, and faster in a simulator that charges none (conftest)
+@pytest.mark.usefixtures("design_target_costs", "alpha_beta_costs")
 def test_a_guess_nobody_asks_for_is_stopped_and_simulated_anew_when_asked(monkeypatch):
     """:meth:`Simulations.drop_guesses` turns the stop switch of a guessed simulation and drops its
     samples not begun; asked for afterwards, the program is simulated anew, to the time a fresh

@@ -35,6 +35,11 @@ def test_every_shape_is_a_cluster_of_its_size(name):
 @pytest.mark.parametrize("name", RUN)
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
 def test_shapes_reach_the_bound(tmp_path, capsys, name, collective, design_target_costs):
+    """``hccc synth``'s programs reach 0.98 of the cut bound at 1 GiB, at the design targets' units
+    (0.5 us a unit, charged by the simulator as the slice policy counts them). At the measured 2.56
+    us the mesh's fast links leave a unit's fixed cost a larger share of a slice's time (mesh8:
+    0.942 and 0.941 of the bound), which the cut bound cannot count (tests/synth_oracles.py,
+    ``MEASURED_UNITS_LEAST``): the figure is the design targets' until the units are cheaper."""
     topo = tmp_path / f"{name}.topo"
     topo.write_text(shape_text(name))
     out = tmp_path / "p.rccl"

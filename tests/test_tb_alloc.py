@@ -355,12 +355,13 @@ def test_state_based_never_costs_time(alg, scheduler):
     assert ir.allocation.tb_alloc == "state"
 
 
-@pytest.mark.parametrize("coll,n,seed", [("reducescatter", 4, 80), ("allreduce", 4, 28)])
+@pytest.mark.parametrize("coll,n,seed", [("allreduce", 4, 28)])
 def test_sharing_that_costs_time_is_undone_by_the_choice(coll, n, seed):
-    """A random ReduceScatter and AllReduce where state-based sharing (19 vs 20, 21 vs 22 TBs)
-    costs 3.2 % and 34 % of simulated time at 1 MB on a mesh: the tool keeps the connection-based
-    allocation. (Since TBs run their primitives in step order, compiler/passes/phase_order.py, the
-    random ReduceScatters of seeds 32 and 40 no longer lose time by sharing.)"""
+    """A random AllReduce where state-based sharing (21 vs 22 TBs) costs a third of the simulated
+    time at 1 MB on a mesh: the tool keeps the connection-based allocation. (Since TBs run their
+    primitives in step order, compiler/passes/phase_order.py, the random ReduceScatters of seeds
+    32 and 40 no longer lose time by sharing; since the simulator charges the kernels' units, the
+    one of seed 80 loses 0.3 % instead of 3.2 %, and none of seeds 0-399 more than 2 %.)"""
     alg = random_program(coll, n, seed, 1)
     (ts, t_s), (tc, t_c) = _state_vs_connection(alg, "hpds", 1 << 20)
     assert ts < tc and t_s > 1.02 * t_c
@@ -372,18 +373,23 @@ def test_sharing_that_costs_time_is_undone_by_the_choice(coll, n, seed):
 
 def test_compile_with_a_cluster_keeps_the_faster_allocation(tmp_path):
     """`hccc ALGO -o OUT --topology T` simulates both allocations where state-based sharing happens
-    and emits the faster (the random ReduceScatter above: connection-based, 20 TBs); without a
-    cluster it keeps the state-based one (19 TBs)."""
+    (a random ReduceScatter: 19 TBs state-based, 20 connection-based) and emits the faster at the
+    sizes it weighs, recording both times; without a cluster it keeps the state-based one."""
     from hccc.cli import main
     src, topo = sharing_rs4(tmp_path)
-    assert main([str(src), "-o", str(tmp_path / "a"), "--topology", str(topo), "--chunk-size", "64K"]) == 0
-    assert main([str(src), "-o", str(tmp_path / "b"), "--chunk-size", "64K"]) == 0
+    # fusion off: with the kernels' units charged, --fuse auto keeps the fused program here (2.0
+    # against 2.7 ms at the sizes weighed), whose allocation shares nothing
+    assert main([str(src), "-o", str(tmp_path / "a"), "--topology", str(topo), "--chunk-size", "64K",
+                 "--fuse", "off"]) == 0
+    assert main([str(src), "-o", str(tmp_path / "b"), "--chunk-size", "64K", "--fuse", "off"]) == 0
     from hccc.compiler.pipeline import load_program
     with_cluster = load_program(tmp_path / "a" / "rs4.ir.json")
     without = load_program(tmp_path / "b" / "rs4.ir.json")
-    assert int(with_cluster.ntbs.sum()) == 20 and int(without.ntbs.sum()) == 19
-    assert with_cluster.allocation.tb_alloc_kept == "connection"
-    assert with_cluster.stats["tb_alloc_topology"] and "tb_alloc_kept" not in without.stats
+    st = with_cluster.stats
+    kept = "state" if st["tb_alloc_state_s"] <= st["tb_alloc_connection_s"] else "connection"
+    assert with_cluster.allocation.tb_alloc_kept == kept and st["tb_alloc_state_s"] != st["tb_alloc_connection_s"]
+    assert int(with_cluster.ntbs.sum()) == {"state": 19, "connection": 20}[kept] and int(without.ntbs.sum()) == 19
+    assert st["tb_alloc_topology"] and without.allocation.tb_alloc_kept is None
 
 
 # ------------------------------------------------------------- the compiled sharing kernel

@@ -84,10 +84,15 @@ LL_ZERO_WHEN: tuple[tuple[str, str, str], ...] = (
     ("wide", "this launch may post more than LL_EPOCH_MESSAGES messages on a connection", "wide"),
     ("wrapped", "every epoch since the last zeroing is taken", "c->ll_next >= HCCC_HOST_LL_EPOCHS"),
 )
-#: ``--proto auto`` runs LL up to this many bytes of the collective's full buffer, Simple above:
-#: the crossover ``benchmarks/kernel_model.py`` predicts (LL's half-size slots and data-in-flag
-#: polling win while a message's sync costs more than its bytes)
-LL_AUTO_MAX_BYTES = 128 * 1024
+#: ``--proto auto`` runs LL up to this many bytes of the collective's full buffer, Simple above: the
+#: kernel cost model's crossover (:func:`hccc.runtime.kernel_time.ll_ahead_up_to`: the largest
+#: power of two up to which LL is ahead for the ring AllReduce and AllGather of 8 ranks, one rank a
+#: GPU, the launchers' slices, at the fifth GPU run's units, ``kernel_cost.V4_H200``). LL's unit
+#: costs a COPY unit's 2.07 us against Simple's 2.47-2.65 and waits for no flag word, but its
+#: lines carry half their bytes: at 256 KiB the AllReduce takes 94.2 us under LL against 96.0,
+#: at 512 KiB 119.6 against 107.9 (AllGather 51.5 against 52.8, 62.4 against 58.2).
+#: tests/test_kernel_cost.py recomputes it and fails if the model moves it
+LL_AUTO_MAX_BYTES = 256 * 1024
 
 
 def ll_share_bytes(share: int) -> int:

@@ -3,19 +3,21 @@ slots cost on a GPU, and how a program's units compose into its time.
 
 One module holds every cost of the generated kernels; the slice policy
 (:mod:`hccc.compiler.passes.slicing`: a unit's cost ``c`` and a block's bandwidth ``B``), the
-simulator's per-block limit (:data:`SIM_BLOCK_GBPS`, ``hccc sim --block-bw``, and
-:func:`block_gbps_at`, through :mod:`hccc.compiler.passes.channels`) and
-``benchmarks/kernel_model.py`` read it; ``--fuse``'s and the thread-block allocation's choices
-read it through the simulator; so do the built-in catalog's small-message choices within a node
-(``ONE_SHOT_BYTES``, ``RD_ALLGATHER_MIN_RANKS``: :func:`hccc.runtime.kernel_time.program_time` with ``one_gpu=False``,
-recomputed by tests/test_one_shot.py). Two size thresholds are not derived from it yet:
-``--proto auto``'s switch (``abi.LL_AUTO_MAX_BYTES``, 128 KiB) and the built-in catalog's band for
-recursive doubling (``SMALL_BYTES``, 64 KiB); ``benchmarks/kernel_model.py --predict`` prints
-where this model puts them (its LL is checked against one recorded row only). The simulator
-takes a block's rate from here but charges no unit's fixed cost and no hop (its alpha-beta links
-stand for them). Each constant names the GPU run and the table of docs/archive/measurements-log.md it comes
-from; ``benchmarks/recorded/gpu_runs.json`` holds those tables as data and
-tests/test_kernel_cost.py checks every constant against it.
+simulator (:data:`SIM_COSTS`: every unit's fixed cost and every dependency's hop,
+:func:`hccc.runtime.sim_model.unit_costs`; its per-block limit :data:`SIM_BLOCK_GBPS`, ``hccc sim
+--block-bw``, and :func:`block_gbps_at`, through :mod:`hccc.compiler.passes.channels`) and
+``benchmarks/kernel_model.py`` read it; ``--fuse``'s, the thread-block allocation's and
+synthesis' choices read it through the simulator; so do the built-in catalog's small-message
+choices within a node (``ONE_SHOT_BYTES``, ``RD_ALLGATHER_MIN_RANKS``:
+:func:`hccc.runtime.kernel_time.program_time` with ``one_gpu=False``, recomputed by
+tests/test_one_shot.py) and ``--proto auto``'s switch (``abi.LL_AUTO_MAX_BYTES``:
+:func:`hccc.runtime.kernel_time.ll_ahead_up_to`, recomputed by tests/test_kernel_cost.py). The
+built-in catalog's band of the all-pairs and recursive-doubling programs (``SMALL_BYTES``, 64 KiB)
+is not a crossover of this model, which puts them ahead further up (its docstring). Two named
+instances of the costs: the measured calibration (:data:`V4_H200`, the simulator's default) and
+the v4 design targets (:data:`DESIGN_TARGETS`). Each constant names the GPU run and the table of
+docs/archive/measurements-log.md it comes from; ``benchmarks/recorded/gpu_runs.json`` holds
+those tables as data and tests/test_kernel_cost.py checks every constant against it.
 
 **Units** (the kernels' grain, docs/kernel-protocol.md): a unit is one micro-batch of one
 primitive on one block: wait for its inputs, move its slice, post. :class:`KernelCosts` holds one
@@ -69,10 +71,10 @@ from hccc.compiler.ir.program_ir import Op
 
 __all__ = ["UNIT_WARPS", "UNIT_US", "COPY_UNIT_KIB", "COPY_GBS", "FLAG_ROUND_TRIP_US", "LL_DATA_FRACTION",
            "LAUNCH_SECONDS_PER_BLOCK", "HBM_BYTES_PER_SECOND", "KernelCosts", "V4_H200",
-           "UNIT_SECONDS", "COPY_UNIT_SECONDS", "LL_UNIT_SECONDS", "BLOCK_BYTES_PER_SECOND", "SIM_UNIT_BYTES",
-           "SIM_BLOCK_GBPS", "BLOCK_GBPS_WARPS", "block_gbps_at", "unit_class", "LEAST_DATA_WARPS",
-           "least_block_threads", "block_bytes_in_flight", "block_bytes_per_round", "LOAD_ROUND_TRIP_SECONDS",
-           "predicted_block_bytes_per_second"]
+           "UNIT_SECONDS", "COPY_UNIT_SECONDS", "LL_UNIT_SECONDS", "BLOCK_BYTES_PER_SECOND", "SIM_COSTS",
+           "DESIGN_TARGETS", "SIM_BLOCK_GBPS", "FOLDED_BLOCK_GBPS", "BLOCK_GBPS_WARPS", "block_gbps_at", "unit_class",
+           "LEAST_DATA_WARPS", "least_block_threads", "block_bytes_in_flight", "block_bytes_per_round",
+           "LOAD_ROUND_TRIP_SECONDS", "predicted_block_bytes_per_second"]
 
 # ---------------------------------------------------------------------------------------------
 # the measured figures (docs/archive/measurements-log.md, "The fifth GPU run": one H200, the v4 kernels)
@@ -250,23 +252,29 @@ LL_UNIT_SECONDS = COPY_UNIT_SECONDS
 #: The slice policy's ``B`` (Simple): a block of 16 warps' copy rate on long units, the slope of the
 #: fifth run's copy-engine curve between its 256 and 512 KiB units (49.3 GB/s).
 BLOCK_BYTES_PER_SECOND = V4_H200.peak_bytes_per_second(BLOCK_GBPS_WARPS)
-#: The unit the simulator's per-block limit is taken at: it charges no per-unit cost, so a block's
-#: rate there is its rate on units of the size hccc's slices reach at the simulator's sizes (64 KiB:
-#: a 1 MiB slot's 16th; the fifth run measured 21.2 GB/s at it with 16 warps).
-SIM_UNIT_BYTES = 64 << 10
-#: GB/s one block of 16 warps moves on :data:`SIM_UNIT_BYTES` units (the simulator's per-block
-#: limit, ``hccc sim --block-bw``): the fifth run's copy-engine table there, 21.2 GB/s.
-SIM_BLOCK_GBPS = round(V4_H200.copy_rate(SIM_UNIT_BYTES, BLOCK_GBPS_WARPS) / 1e9, 6)
+#: The costs the simulator charges by default (:func:`hccc.runtime.sim_model.unit_costs`: a unit's
+#: fixed cost by its op and warps, a dependency's hop): the measured calibration, :data:`V4_H200`.
+SIM_COSTS = V4_H200
+#: GB/s one block of 16 warps moves beyond its units' fixed costs (the simulator's per-block
+#: limit, ``hccc sim --block-bw``): the slice policy's ``B``, :data:`BLOCK_BYTES_PER_SECOND` (the
+#: fifth run's copy-engine curve on long units, 49.3 GB/s). The simulator charges every unit its
+#: fixed cost apart (:data:`SIM_COSTS`), so its block moves bytes at the rate that remains.
+SIM_BLOCK_GBPS = round(BLOCK_BYTES_PER_SECOND / 1e9, 6)
+#: GB/s one block of 16 warps moves on 64 KiB units, their fixed costs folded in (the fifth run's
+#: copy-engine table there, 21.2 GB/s): the per-block limit of a simulation that charges no unit
+#: (``costs=None``), as the simulator had before it charged units; 64 KiB is a 1 MiB slot's 16th,
+#: the slices hccc's programs reach at the simulator's sizes.
+FOLDED_BLOCK_GBPS = round(V4_H200.copy_rate(64 << 10, BLOCK_GBPS_WARPS) / 1e9, 6)
 
 
 def block_gbps_at(block_gbps: float, nwarps: int) -> float:
     """GB/s a block of ``nwarps`` warps moves where one of :data:`BLOCK_GBPS_WARPS` moves
-    ``block_gbps``: scaled as the fifth run's copy-engine rates at :data:`SIM_UNIT_BYTES` scale
-    with the warps (1, 4, 16 warps: 6.4, 14.9, 21.2 GB/s; between them linear in log2 of the
-    warps), never above ``block_gbps``."""
+    ``block_gbps``: scaled as the fifth run's copy-engine rate on long units
+    (:meth:`KernelCosts.peak_bytes_per_second`) scales with the warps (1, 4, 16 warps: 8.3, 22.7,
+    49.3 GB/s; the rates between them linear in log2 of the warps), never above ``block_gbps``."""
     w = max(1, int(nwarps))
-    return float(block_gbps) * min(1.0, V4_H200.copy_rate(SIM_UNIT_BYTES, w)
-                                   / V4_H200.copy_rate(SIM_UNIT_BYTES, BLOCK_GBPS_WARPS))
+    return float(block_gbps) * min(1.0, V4_H200.peak_bytes_per_second(w)
+                                   / V4_H200.peak_bytes_per_second(BLOCK_GBPS_WARPS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,3 +325,15 @@ def predicted_block_bytes_per_second(bytes_per_round: float) -> float:
     of ``bytes_per_round`` takes :data:`LOAD_ROUND_TRIP_SECONDS` (Little's law at the v4 engine's
     measured round trip; the v4 shape itself gives back :data:`BLOCK_BYTES_PER_SECOND`)."""
     return float(bytes_per_round) / LOAD_ROUND_TRIP_SECONDS
+
+
+#: The v4 kernels' design targets (docs/measurements.md#gpu-kernels-v4-one-nvidia-h200-every-rank-on-it,
+#: "What one unit costs": 0.5 us a unit, 0.2 us a COPY or LL unit, 100 GB/s a block, the slice
+#: policy's constants until the fifth run measured them): the second named instance of the costs, for the worked examples written at those figures
+#: (tests/conftest.py's ``design_target_costs``). The targets name no flag latency (a unit's cost
+#: holds its flag: no hop), launch or card of their own (the measured calibration's).
+DESIGN_TARGETS = KernelCosts(
+    unit_us={"COPY": (0.2,) * 3, "SEND": (0.5,) * 3, "RECV": (0.5,) * 3, "RECV_REDUCE_COPY": (0.5,) * 3},
+    warps=UNIT_WARPS, flag_round_trip_us=0.0, launch_per_block_s=LAUNCH_SECONDS_PER_BLOCK,
+    hbm_bytes_per_s=HBM_BYTES_PER_SECOND, flat_gbs=100.0,
+    source="docs/measurements.md#gpu-kernels-v4-one-nvidia-h200-every-rank-on-it (the v4 kernels' design targets)")

@@ -4,7 +4,9 @@
 [--plot timeline.png [--ranks R,...]] [--plot-busbw busbw.png]``
 
 Simulates the compiled program on a cluster under the alpha-beta-gamma model of
-:mod:`hccc.runtime.simulator` and prints an nccl-tests-like table (one row per size: size, count,
+:mod:`hccc.runtime.simulator`, with the kernels' units and hops (every unit of a primitive pays its
+op's fixed cost at the program's warps, every dependency between two blocks of a rank half a flag
+round trip: :data:`hccc.compiler.passes.kernel_cost.SIM_COSTS`, the fifth GPU run's figures), and prints an nccl-tests-like table (one row per size: size, count,
 type, redop, root, time, algbw, busbw, then the model's bound, slice, micro-batches and TB idle
 ratios; closed by ``# Avg bus bandwidth``). Several algorithms, and a list of schedulers, give one
 table each; ``--plot-busbw`` draws all of them on one figure, ``--plot`` the timeline of the first
@@ -34,8 +36,8 @@ algorithm-level execution says so in its ``origin.execution``).
 
 Channels: ``--channels K`` runs every thread block as K blocks (``auto``: as the compiler picks
 for the cluster's GPUs, :mod:`hccc.compiler.passes.channels`); a block moves at most
-``--block-bw`` GB/s (default 20, the FIFO protocol's per-block rate at 16 warps, in proportion
-for a program of fewer; 0: no limit), so a
+``--block-bw`` GB/s beyond its units' fixed costs (default 49.3, the kernel cost model's rate of a
+block of 16 warps on long units, in proportion for a program of fewer; 0: no limit), so a
 connection runs at min(its share of the link, K x block-bw). The JSON records ``channels`` and
 ``block_gbps``.
 """
@@ -100,7 +102,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="blocks per thread block (default: auto, i.e. the .rccl nChannels or a given IR's own, "
                         "else from the GPUs' SM count, thread blocks and slice)")
     p.add_argument("--block-bw", type=_block_bw, default=DEFAULT_BLOCK_GBPS, metavar="GBPS",
-                   help=f"GB/s one block of 16 warps moves, the per-block limit (fewer warps: as the kernel cost model scales it; default: {DEFAULT_BLOCK_GBPS:g}, the measured rate on 64 KiB units; 0: none)")
+                   help=f"GB/s one block of 16 warps moves beyond its units' fixed costs, the per-block limit (fewer warps: as the kernel cost model scales it; default: {DEFAULT_BLOCK_GBPS:g}, the measured rate on long units; 0: none)")
     p.add_argument("-d", "--dtype", type=dtype_list(tuple(DTYPE_BYTES)), default="float32",
                    metavar="|".join(nccl_type_name(d) for d in DTYPE_BYTES) + "|all",
                    help="element type, nccl-tests' -d: its names (float, half, ...) or hccc's (float32, ...), "
@@ -221,7 +223,8 @@ def _channels(args, ir, topo, declared: int = 0):
 #: what the simulator's own columns mean (printed under the table's header and in ``--help``)
 COLUMN_LEGEND = (
     "progbound: the program's own bound, a lower bound on its time (every link and GPU carrying the "
-    "bytes this program moves at full capacity, plus a link's latency; a ring's equals its time); "
+    "bytes this program moves at full capacity, plus a link's latency, and every thread block its units' fixed costs "
+    "and its bytes at its rate; a ring's equals its time without units); "
     "cutbound: the cluster's cut bound, which no program of the collective can beat (the bytes that "
     "must cross the cluster's narrowest cut at its bandwidth; hccc synth's bound, docs/bounds.md); slice: the micro-batch slice of each chunk; mbatch: "
     "micro-batches per chunk; idle avg / max: the share of the run a thread block waits (mean over "
