@@ -166,14 +166,15 @@ def test_a_set_up_that_fails_names_every_ranks_failure_and_keeps_nothing():
 
 # ------------------------------------------------------------------------------ launched together
 def _slot_heads(job) -> np.ndarray:
-    """[rank, receive connection, slot]: the first 8 bytes of every FIFO slot of every rank."""
+    """[rank, receive connection, slot]: 8 bytes of every FIFO slot of every rank, past its reserved header
+    and alignment room (abi.SLOT_OVERHEAD), where every message through the slot writes data."""
     from hccc.compiler.backend import abi
     out = []
     for r, comm in enumerate(job.comms):
         plan, mem, pf = comm._plans[r], comm._mem, comm._pf
         raw = np.zeros(plan.slots_bytes, np.uint8)
         pf.memcpy_dtoh(raw, mem.slots)
-        out.append([[raw[j * plan.fifo_bytes + s * plan.slot_bytes:][:8].view(np.uint64)[0]
+        out.append([[raw[j * plan.fifo_bytes + s * plan.slot_bytes + abi.SLOT_OVERHEAD:][:8].view(np.uint64)[0]
                      for s in range(abi.NSLOTS)] for j in range(len(plan.recv_conns))])
     return np.array(out, np.uint64)
 
