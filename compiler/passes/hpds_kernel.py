@@ -175,7 +175,7 @@ def hpds_arrays(sptr, succ, indeg, link, cstart, nlinks):
         while qn:
             top = q[0]
             c = top % nchunks
-            # ---- visit chunk c (hpds.py _TimedChunkScheduler.visit)
+            # ---- visit chunk c: take its ready tasks whose links are free (rule I7)
             base = cstart[c]
             ntake = 0
             for i in range(cand_len[c]):

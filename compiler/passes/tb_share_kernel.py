@@ -85,8 +85,8 @@ def interval_labels(ptr, adj, reverse):
 
 def share_tracks(order, rank_ptr, todo, ustart, uend, first, last, ptr, adj, key,
                  post1, low1, post2, low2, use_labels, track, count):
-    """Tracks of the units of every rank in ``todo`` (``tb_alloc.share_when_free`` with the wait
-    graph's reachability): ``order[rank_ptr[r]:rank_ptr[r+1]]`` are rank ``r``'s units in sweep
+    """Tracks of the units of every rank in ``todo`` (the state-based sharing of ``tb_alloc``'s
+    module docstring): ``order[rank_ptr[r]:rank_ptr[r+1]]`` are rank ``r``'s units in sweep
     order (span start, span end, unit); ``track[u]`` and ``count[r]`` are written."""
     n = key.shape[0]
     seen = np.zeros(n, np.int64)
