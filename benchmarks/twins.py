@@ -13,15 +13,17 @@ Python (numba compiles the same function, so one implementation would be the ker
 above a size, plain below it, and plain throughout where numba is not installed). For each
 algorithm and size this prints the seconds of
 
-- ``plain twin``: the plain formulation (what runs below the threshold and without numba);
-- ``kernel, plain``: the kernel's own function run by the interpreter (what one implementation
-  would run there instead);
+- ``plain twin``: the plain formulation (what runs below the threshold and without numba), for
+  the algorithms that keep one (``-`` for HPDS and the sharing, which have none);
+- ``kernel, plain``: the kernel's own function run by the interpreter (what runs there for HPDS
+  and the sharing; what one implementation would run there instead for the others);
 - ``kernel, compiled``: the kernel compiled, warm (the median of ``--repeat`` calls);
 - ``first compiled``: the first compiled call of the process (numba compiling it, or loading it
   from its cache on disk when an earlier run left one).
 
 and the two ratios that decide: ``kernel plain / twin`` (how much slower one implementation would
-be without the compiler) and ``twin / compiled`` (what compiling gains). The inputs: HM AllReduce
+be without the compiler) and ``twin / compiled`` (what compiling gains; plain / compiled without a
+twin). The inputs: HM AllReduce
 on N nodes x 8 GPUs (``--sizes`` lists N); the row text renders one ``HCCC_P(...)``-like line per
 primitive of that program; the sharing is the state-based TB allocation of its lowering (its work:
 the unit pairs the ranks could ask about).
@@ -49,6 +51,9 @@ from hccc.compiler.passes.hpds import hpds
 from hccc.compiler.passes.lower import lower
 
 MODES = ("twin", "plain", "compiled")
+#: the algorithms that keep a plain formulation beside their kernel (the others run the kernel
+#: plain below their threshold: no twin column; their last column is then plain / compiled)
+TWINS = ("int_text",)
 
 
 @contextlib.contextmanager
@@ -63,11 +68,12 @@ def path(kernels, mode: str):
     def choose(name, work):
         return None if mode == "twin" else chosen()[name]
     kernels.compiled_for = choose
+    kernels.pick = lambda name, work: chosen()[name]      # (a kernel without a twin)
     kernels.compiled = chosen          # (a caller that takes the set's other kernels from it)
     try:
         yield
     finally:
-        del kernels.compiled_for, kernels.compiled
+        del kernels.compiled_for, kernels.pick, kernels.compiled
 
 
 def timed(fn) -> float:
@@ -122,7 +128,8 @@ def main() -> None:
             got = {}
             ref = None
             first = None
-            for mode in MODES:
+            modes = MODES if name in TWINS else MODES[1:]
+            for mode in modes:
                 with path(kernels, mode):
                     if mode == "compiled" and kernels._compiled is None:
                         first = timed(call)      # compiles, or loads numba's cache
@@ -137,10 +144,12 @@ def main() -> None:
                     else:
                         _same(name, ref, res)
             results[(name, nn)] = got
-            table.add_row(name, f"{nn}x8", f"{work:,}", f"{got['twin']:.4f}", f"{got['plain']:.4f}",
+            twin = got.get("twin")
+            table.add_row(name, f"{nn}x8", f"{work:,}", "-" if twin is None else f"{twin:.4f}", f"{got['plain']:.4f}",
                           f"{got['compiled']:.4f}", "-" if first is None else f"{first:.2f}",
-                          f"{got['plain'] / got['twin']:.1f}x", f"{got['twin'] / got['compiled']:.1f}x")
-            Console(width=160).print(f"[dim]{name} {nn}x8: " + "  ".join(f"{m} {got[m]:.4f} s" for m in MODES)
+                          "-" if twin is None else f"{got['plain'] / twin:.1f}x",
+                          f"{(got['plain'] if twin is None else twin) / got['compiled']:.1f}x")
+            Console(width=160).print(f"[dim]{name} {nn}x8: " + "  ".join(f"{m} {got[m]:.4f} s" for m in modes)
                                      + (f"  first compiled {first:.2f} s" if first is not None else "") + "[/dim]")
     Console(width=160).print(table)
     Console().print(f"load average: {os.getloadavg()[0]:.1f} (1 min), cores: {os.cpu_count()}")
