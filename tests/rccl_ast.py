@@ -1,9 +1,9 @@
-"""The AST of a parsed .rccl program as plain data, for comparing the parser's paths."""
+"""The AST of a parsed .rccl program as plain data, for comparing it with one written out."""
 from __future__ import annotations
 
 
 def ast_dump(x):
-    """Every slot of every AST node (locations as line/column), for comparing parser paths."""
+    """Every slot of every AST node (locations as line/column), as plain data."""
     from hccc.compiler.frontend import rccl_parser as rp
     if isinstance(x, list):
         return [ast_dump(y) for y in x]

@@ -92,7 +92,7 @@ from hccc.compiler.frontend.load import load_rccl
 from hccc.compiler.cluster.topo_parser import load_topology
 from hccc.compiler.frontend import rccl_parser
 load_rccl({str(EXAMPLE)!r})
-rccl_parser._parser(); rccl_parser._fast_parser()
+rccl_parser._parser()
 load_topology({str(TOPO)!r})
 print('ok')
 """

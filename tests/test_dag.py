@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
 from hccc.compiler.frontend.algorithm import RECV, RRC
 import hccc.compiler.passes.dag as dag_module
-from hccc.compiler.passes import dag_kernel
 from hccc.compiler.passes.dag import build_dag
 from dag_programs import hm_allreduce, make_alg, naive_relation, programs, ring_allgather
 
@@ -47,50 +45,6 @@ def test_reachability_equals_naive_relation_and_is_reduced(alg):
     edges = set(zip(dag.edge_src.tolist(), dag.edge_dst.tolist()))
     assert edges == reduction_of(reach_naive)
     assert len(edges) == dag.nedges  # no duplicates
-
-
-@pytest.mark.slow   # compiles the numba kernel (cold: tens of seconds)
-@pytest.mark.skipif(not dag_kernel.HAVE_NUMBA, reason="the compiled DAG engine needs numba")
-@settings(max_examples=80)
-@given(programs)
-def test_compiled_reduction_is_the_transitive_reduction(alg):
-    # the numba kernel against the all-pairs reduction of the naive relation
-    dag = build_dag(alg, engine="compiled")
-    edges = set(zip(dag.edge_src.tolist(), dag.edge_dst.tolist()))
-    assert edges == reduction_of(closure(naive_relation(alg)))
-    assert len(edges) == dag.nedges
-
-
-@pytest.mark.slow   # compiles the numba kernel (cold: tens of seconds)
-@pytest.mark.skipif(not dag_kernel.HAVE_NUMBA, reason="the compiled DAG engine needs numba")
-def test_compiled_and_python_engines_agree_on_hm_allreduce():
-    alg = hm_allreduce(8, 8)
-    a, b = build_dag(alg, engine="python"), build_dag(alg, engine="compiled")
-    assert a.edge_src.tolist() == b.edge_src.tolist() and a.edge_dst.tolist() == b.edge_dst.tolist()
-
-
-def test_auto_engine_takes_the_kernel_when_the_jit_says_so(monkeypatch):
-    """With the compiled path chosen (here the kernel's plain function standing in for the compiled
-    one, so nothing compiles) the auto engine reduces through the kernel: the same transitive
-    reduction of the naive relation."""
-    calls = []
-
-    def kernel(*args):
-        calls.append(len(args[2]))
-        return dag_kernel.reduce_chunks(*args)
-    monkeypatch.setattr(dag_kernel.KERNELS, "compiled", lambda: {"reduce_chunks": kernel})
-    monkeypatch.setenv("HCCC_JIT", "numba")
-    monkeypatch.setattr("hccc.util.jit.have_numba", lambda: True)
-    alg = hm_allreduce(2, 2)
-    dag = build_dag(alg)
-    assert calls and calls[0] > 0
-    edges = set(zip(dag.edge_src.tolist(), dag.edge_dst.tolist()))
-    assert edges == reduction_of(closure(naive_relation(alg)))
-
-
-def test_unknown_dag_engine_is_rejected():
-    with pytest.raises(ValueError, match="engine"):
-        build_dag(hm_allreduce(2, 2), engine="fast")
 
 
 @st.composite

@@ -17,7 +17,6 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.ir.check import IRFormatError, check_deadlock, check_fifo_order, check_structure, match_connections
 from hccc.compiler.interop.msccl_export import export_xml
 from hccc.compiler.interop.msccl_import import import_xml_text
-from hccc.compiler.ir import symbolic_kernel
 from hccc.compiler.ir.symbolic import (ProofError, _tb_components, check_deadlock_buffered, happens_before, prim_order,
                                        prove)
 from hccc.compiler.pipeline import load_program
@@ -109,7 +108,7 @@ def test_proof_agrees_with_the_reference_executor(case):
     assert _numeric_ok(ir, inplace)
 
 
-def _assert_happens_before_is_reachability(ir, seed, budget_cols, same_rank_only=True, compiled=False):
+def _assert_happens_before_is_reachability(ir, seed, budget_cols, same_rank_only=True):
     n = ir.nprims
     g = nx.DiGraph()
     g.add_nodes_from(range(n))
@@ -128,34 +127,26 @@ def _assert_happens_before_is_reachability(ir, seed, budget_cols, same_rank_only
     pick = rng.choice(len(pairs), size=min(200, len(pairs)), replace=False)
     qa = np.array([pairs[k][0] for k in pick])
     qb = np.array([pairs[k][1] for k in pick])
-    # a tiny memory budget forces the column-block path; ``compiled``: the numba clock block
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HCCC_JIT", "numba" if compiled else "python")
-        got = happens_before(ir, qa, qb, budget=4 * n * budget_cols)
+    # a tiny memory budget forces the column-block path
+    got = happens_before(ir, qa, qb, budget=4 * n * budget_cols)
     want = np.array([nx.has_path(g, int(a), int(b)) for a, b in zip(qa, qb)])
     assert np.array_equal(got, want)
 
 
-COMPILED = [False, pytest.param(True, marks=pytest.mark.skipif(not symbolic_kernel.HAVE_NUMBA,
-                                                                 reason="the compiled clock block needs numba"))]
-
-
-@pytest.mark.parametrize("compiled", COMPILED)
 @given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.integers(0, 2 ** 31), st.integers(1, 64))
 @settings(max_examples=40)
-def test_happens_before_is_reachability(compiled, alg, seed, budget_cols):
-    _assert_happens_before_is_reachability(build_program(alg), seed, budget_cols, compiled=compiled)
+def test_happens_before_is_reachability(alg, seed, budget_cols):
+    _assert_happens_before_is_reachability(build_program(alg), seed, budget_cols)
 
 
 @given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=4), st.integers(2, 3), st.integers(0, 2 ** 31),
        st.integers(1, 8))
 @settings(max_examples=15)
-@pytest.mark.parametrize("compiled", COMPILED)
-def test_happens_before_across_independent_instances(compiled, alg, instances, seed, budget_cols):
+def test_happens_before_across_independent_instances(alg, instances, seed, budget_cols):
     """MSCCL instances are disjoint components of the thread-block graph: their clock columns share
     storage, and a query between two components is never ordered."""
     ir = import_xml_text(export_xml(build_program(alg), instances=instances))
-    _assert_happens_before_is_reachability(ir, seed, budget_cols, same_rank_only=False, compiled=compiled)
+    _assert_happens_before_is_reachability(ir, seed, budget_cols, same_rank_only=False)
 
 
 @given(st.integers(1, 40).flatmap(lambda t: st.tuples(

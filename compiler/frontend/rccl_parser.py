@@ -1,16 +1,15 @@
-"""ResCCLang (.rccl) parser: lark LALR grammar + indentation post-lexer -> a small typed AST.
+"""ResCCLang (.rccl) parser: lark LALR grammar + indentation lexer -> a small typed AST.
 
 The AST is deliberately tiny (one class per construct, positions as :class:`Location`) and is
 checked statically here: header parameters, reserved words, ``range()`` / ``transfer()`` arity,
 transfer ops, string values outside the header, loop nesting and expression depth. Evaluation
 lives in :mod:`evaluator`.
 
-Two paths build the AST. The reference path (:func:`parse_tree` + :class:`_Builder`) makes lark's
-parse tree and walks it, and is the one that reports every error. :func:`parse_program` first
-tries the fast path: a second lark parser over the same grammar that builds the AST during the
-parse (lark's ``transformer=`` callbacks, :class:`_Reduce`) from a lexer that also does the
-indentation (:class:`_FastLexer`); it gives up on anything but a well-formed program, and the
-reference path then runs instead, so diagnostics do not depend on the path.
+One parser: lark's LALR over ``rccl.lark``, whose lexer (:class:`_Lexer`) also does the
+indentation and whose reductions build the AST as they go (lark's ``transformer=`` callbacks,
+:class:`_Build`): no parse tree is made but the header's. Syntax errors are reported as the parse
+meets them; the static checks then walk the AST in the program's order (:class:`_Checks`), so the
+first error in the text is the one reported.
 """
 from __future__ import annotations
 
@@ -133,83 +132,226 @@ class Program:
 
 # ------------------------------------------------------------------------- lark + indentation
 _GRAMMAR = Path(__file__).with_name("rccl.lark")
-_PARSER: Lark | None = None
 
 
-class _Indenter:
-    """Turns ``_NL`` tokens into ``_NL`` + ``_INDENT`` / ``_DEDENT`` (Python rules, incl. TabError).
+class _Lexer(BasicLexer):
+    """lark's basic lexer for ``rccl.lark`` (the same terminals, the same combined regular
+    expression, the same keyword handling) in one loop that also does the indentation, by Python's
+    rules: ``_NL`` becomes ``_NL`` + ``_INDENT`` / ``_DEDENT``, newlines inside parentheses are
+    joined, and tabs and spaces mixed inconsistently are an error (Python's TabError).
 
-    The reference path's post-lexer; :meth:`_FastLexer.lex` repeats the same rules inline."""
+    Tokens that no AST node keeps (punctuation, newlines, indentation) are shared objects without
+    positions, one allocation less per token; the others are real :class:`Token` objects with
+    ``line``, ``column`` and ``start_pos``. Where the parser stops at a shared token,
+    :meth:`located` makes the token it stood for from where it was matched. A character that no
+    terminal matches raises lark's ``UnexpectedCharacters``, bad indentation a located
+    :class:`CompileError`, both when the parser asks for that token (after every error before it)."""
 
-    always_accept = ("_NL",)
+    __future_interface__ = 2
 
-    def __init__(self) -> None:
-        self.source: SourceFile | None = None
-        self.open_parens: list[Token] = []
+    def __init__(self, conf, comparator=None) -> None:
+        super().__init__(conf, comparator)
+        self._setup: tuple | None = None
+        self.shared: dict[str, Token] = {}     # set by _parser()
+        self.source: SourceFile | None = None  # of the parse under way
+        self.opened: list[int] = []            # where the open parentheses start
+        self.last: list = [None]               # the match of the last shared token (None: end of file)
 
-    @staticmethod
-    def _widths(indent: str) -> tuple[int, int]:
-        """Width with tab size 8 and with tab size 1 (Python's consistency check)."""
-        w8 = w1 = 0
-        for ch in indent:
-            if ch == "\t":
-                w8 = (w8 // 8 + 1) * 8
-                w1 += 1
-            elif ch == " ":
-                w8 += 1
-                w1 += 1
-        return w8, w1
+    def _prepare(self) -> tuple:
+        scanner = self.scanner  # builds lark's scanner (and self.callback)
+        if len(scanner._mres) != 1:  # pragma: no cover - a grammar of more than 100 terminals
+            raise AssertionError("rccl.lark's terminals no longer fit one regular expression")
+        keywords: dict[str, dict[str, str]] = {}
+        for type_, cb in self.callback.items():
+            terms = getattr(getattr(cb, "scanner", None), "terminals", None)
+            if type(cb) is not UnlessCallback or terms is None or any(
+                    type(t.pattern) is not PatternStr or t.pattern.flags for t in terms):
+                raise AssertionError(f"rccl.lark: a lexer callback for {type_} that is not a keyword")  # pragma: no cover
+            # an UnlessCallback re-types a token that fully matches one of these plain strings
+            keywords[type_] = {t.pattern.value: t.name for t in terms}
+        kinds = {}
+        for t in self.terminals:
+            n = t.name
+            if n == "_NL":
+                kinds[n] = _K_NL
+            elif n in self.newline_types:
+                kinds[n] = _K_MULTILINE
+            elif n in self.ignore_types:
+                kinds[n] = _K_IGNORE
+            elif n in self.shared and n not in keywords:
+                kinds[n] = _K_SHARED
+            else:
+                kinds[n] = _K_TOKEN
+        self._setup = (scanner._mres[0], keywords, kinds)
+        return self._setup
 
-    def _err(self, line: int, col: int, msg: str) -> CompileError:
+    def _error(self, line: int, col: int, msg: str) -> CompileError:
         return CompileError.at(Location(self.source, line, col), msg)
 
-    def process(self, stream):
-        stack = [(0, 0)]
-        opened = self.open_parens = []
-        for tok in stream:
-            t = tok.type
-            if t == "LPAR":
-                opened.append(tok)
-            elif t == "RPAR" and opened:
-                opened.pop()
-            if t != "_NL":
+    def lex(self, lexer_state, parser_state):
+        mre, keywords, kinds = self._setup or self._prepare()
+        shared = self.shared
+        text, end = lexer_state.text.text, lexer_state.text.end
+        next_match = mre.scanner(text, 0, end).match    # each call matches where the last ended
+        new_str = str.__new__
+        line, line_start = 1, 0
+        opened = self.opened = []   # open parentheses: newlines inside are joined
+        last = self.last
+        last[0] = None
+        stack = [(0, 0)]            # indentation widths (tab size 8, tab size 1)
+        widths = _widths
+        nl_tok, indent_tok, dedent_tok = shared["_NL"], shared["_INDENT"], shared["_DEDENT"]
+        lpar, rpar = shared["LPAR"], shared["RPAR"]
+        pos = 0
+        while True:
+            m = next_match()
+            if m is None:
+                if pos != end:
+                    raise UnexpectedCharacters(text, pos, line, pos - line_start + 1)
+                break
+            pos = m.end()
+            type_ = m.lastgroup
+            kind = kinds[type_]
+            if kind == _K_SHARED:
+                tok = shared[type_]
+                last[0] = m
+                if tok is lpar:
+                    opened.append(m.start())
+                elif tok is rpar and opened:
+                    opened.pop()
                 yield tok
                 continue
-            if opened:
-                continue  # implicit line joining inside parentheses
+            if kind == _K_IGNORE:
+                continue
+            if kind == _K_NL:
+                value = m.group()
+                nls = value.count("\n")
+                if nls:
+                    start = m.start()
+                    line += nls
+                    line_start = start + value.rindex("\n") + 1
+                if opened:
+                    continue
+                last[0] = m
+                yield nl_tok
+                if not nls:
+                    continue
+                indent = value[line_start - start:]
+                w = widths(indent)
+                top = stack[-1]
+                if w == top:
+                    continue
+                if w[0] > top[0] and w[1] > top[1]:
+                    stack.append(w)
+                    yield indent_tok
+                    continue
+                if (w[0] > top[0]) != (w[1] > top[1]) or (w[0] == top[0]) != (w[1] == top[1]):
+                    raise self._error(line, 1, "inconsistent use of tabs and spaces in indentation")
+                while stack[-1][0] > w[0]:
+                    stack.pop()
+                    yield dedent_tok
+                if stack[-1] != w:
+                    raise self._error(line, len(indent) + 1, "unindent does not match any outer indentation level")
+                continue
+            value = m.group()
+            start = m.start()
+            tok_line, tok_col = line, start - line_start + 1
+            if kind == _K_MULTILINE:    # may hold newlines (positions as lark's LineCounter)
+                nls = value.count("\n")
+                if nls:
+                    line += nls
+                    line_start = start + value.rindex("\n") + 1
+                if type_ in self.ignore_types:
+                    continue
+            kw = keywords.get(type_)
+            if kw is not None:
+                type_ = kw.get(value, type_)
+            tok = new_str(Token, value)
+            tok.type = type_
+            tok.value = value
+            tok.start_pos = start
+            tok.line = tok_line
+            tok.column = tok_col
+            tok.end_line = tok.end_column = tok.end_pos = None
             yield tok
-            if "\n" not in tok.value:
-                continue
-            indent = tok.value.rsplit("\n", 1)[1]
-            line = tok.end_line
-            col = len(indent) + 1
-            w = self._widths(indent)
-            top = stack[-1]
-            if w == top:
-                continue
-            if w[0] > top[0] and w[1] > top[1]:
-                stack.append(w)
-                yield Token("_INDENT", indent, tok.end_pos, line, col, line, col, tok.end_pos)
-                continue
-            if (w[0] > top[0]) != (w[1] > top[1]) or (w[0] == top[0]) != (w[1] == top[1]):
-                raise self._err(line, 1, "inconsistent use of tabs and spaces in indentation")
-            while stack[-1][0] > w[0]:
-                stack.pop()
-                yield Token("_DEDENT", indent, tok.end_pos, line, col, line, col, tok.end_pos)
-            if stack[-1] != w:
-                raise self._err(line, col, "unindent does not match any outer indentation level")
+        last[0] = None
         while len(stack) > 1:
             stack.pop()
-            yield Token("_DEDENT", "", 0, 0, 0, 0, 0, 0)
+            yield dedent_tok
+
+    def located(self, tok: Token) -> Token:
+        """The token with its position: ``tok`` itself, or for a shared token the one it stood for
+        (the last one the lexer gave: where the parser stopped)."""
+        if tok is not self.shared.get(tok.type):
+            return tok
+        m = self.last[0]
+        if m is None:               # the blocks closed at the end of the file
+            return Token(tok.type, "", 0, 0, 0, 0, 0, 0)
+        if tok.type in ("_INDENT", "_DEDENT"):   # at the end of the newline before
+            pos = m.end()
+            indent = m.group().rsplit("\n", 1)[1]
+            line, col = m.string.count("\n", 0, pos) + 1, len(indent) + 1
+            return Token(tok.type, indent, pos, line, col, line, col, pos)
+        return Token(tok.type, m.group(), m.start(), *_line_col(m.string, m.start()))
+
+    def open_parens(self) -> list[Token]:
+        """The parentheses open where the lexer stopped, as tokens with their positions."""
+        text = self.source.text if self.source is not None else ""
+        return [Token("LPAR", "(", p, *_line_col(text, p)) for p in self.opened]
 
 
-def _parser() -> Lark:
+def _line_col(text: str, pos: int) -> tuple[int, int]:
+    return text.count("\n", 0, pos) + 1, pos - (text.rfind("\n", 0, pos) + 1) + 1
+
+
+def _widths(indent: str) -> tuple[int, int]:
+    """Width with tab size 8 and with tab size 1 (Python's consistency check)."""
+    w8 = w1 = 0
+    for ch in indent:
+        if ch == "\t":
+            w8 = (w8 // 8 + 1) * 8
+            w1 += 1
+        elif ch == " ":
+            w8 += 1
+            w1 += 1
+    return w8, w1
+
+
+# what _Lexer does with a terminal's match
+_K_SHARED, _K_IGNORE, _K_NL, _K_MULTILINE, _K_TOKEN = range(5)
+
+
+def _shared_tokens(lark: Lark) -> dict[str, Token]:
+    """One position-less token per terminal that no AST node keeps (punctuation, ``_NL``, ...)."""
+    kept = {"$END"}
+    for rule in lark.rules:
+        for sym in rule.expansion:
+            if sym.is_term and (rule.options.keep_all_tokens or not sym.filter_out):
+                kept.add(sym.name)
+    names = {t.name for t in lark.terminals} | {"_INDENT", "_DEDENT", "_NL"}
+    return {n: Token(n, "", 0, 0, 0, 0, 0, 0) for n in names - kept}
+
+
+_PARSER: tuple | None = None    # (Lark, its _Build, its _Lexer)
+_LOCK = threading.Lock()        # one parse at a time: the parser's _Build and _Lexer hold its state
+
+
+def _parser() -> tuple:
+    """The parser (made on first use, under :data:`_LOCK`): lark's LALR over ``rccl.lark`` whose
+    reductions call :class:`_Build` (no parse tree; the header's rules, which it leaves alone,
+    make the one small tree) and whose lexer is :class:`_Lexer`."""
     global _PARSER
     if _PARSER is None:
         # built from the grammar text once per process (about 20 ms), never from a disk cache:
         # lark's cache is a pickle, which would run whatever code someone planted in it
         text = _GRAMMAR.read_text(encoding="utf-8")
-        _PARSER = Lark(text, parser="lalr", lexer="basic", postlex=_Indenter(), maybe_placeholders=True)
+        build = _Build()
+        lark = Lark(text, parser="lalr", lexer=_Lexer, transformer=build, maybe_placeholders=True)
+        lexer = lark.parser.lexer
+        if not isinstance(lexer, _Lexer):  # pragma: no cover - a lark that wraps the lexer
+            raise AssertionError("lark wrapped rccl_parser's lexer")
+        lexer.shared = _shared_tokens(lark)
+        _PARSER = (lark, build, lexer)
     return _PARSER
 
 
@@ -323,7 +465,9 @@ def _end_location(source: SourceFile) -> Location:
     return Location(source, max(1, len(lines)), len(lines[-1]) + 1 if lines else 1)
 
 
-def _syntax_error(exc: LarkError, source: SourceFile) -> CompileError:
+def _syntax_error(exc: LarkError, source: SourceFile, opened: list[Token]) -> CompileError:
+    """The located error of lark's ``exc`` (its token with its position); ``opened``: the
+    parentheses open where the parse stopped."""
     text = source.text
     if isinstance(exc, UnexpectedCharacters):
         loc = Location(source, exc.line, exc.column)
@@ -382,7 +526,6 @@ def _syntax_error(exc: LarkError, source: SourceFile) -> CompileError:
         if tok.type == "EQUAL" and "EQUAL" not in expected:
             return CompileError.at(loc, "unexpected '=' (only 'name = expression' assignments are "
                                         "supported)")
-        opened = _parser().options.postlex.open_parens  # type: ignore[union-attr]
         if tok.type in ("$END", "_DEDENT") and opened:
             p = opened[-1]
             return CompileError.at(Location(source, p.line, p.column), "'(' was never closed")
@@ -452,19 +595,6 @@ def _checked_text(source: SourceFile) -> str:
     return text
 
 
-def parse_tree(source: SourceFile) -> Tree:
-    """Run the lark parser; all syntax errors become located :class:`CompileError`."""
-    text = _checked_text(source)
-    parser = _parser()
-    parser.options.postlex.source = source  # type: ignore[union-attr]
-    try:
-        return parser.parse(text)
-    except CompileError:
-        raise
-    except LarkError as exc:
-        raise _syntax_error(exc, source) from None
-
-
 # ---------------------------------------------------------------------------- tree -> AST
 _PARAMS = {
     # name: (kind, required, default)
@@ -521,10 +651,14 @@ def _parse_int_literal(tok: Token, source: SourceFile, negative: bool = False) -
     return -v if negative else v
 
 
-class _Builder:
+def _header(source: SourceFile, tree: Tree) -> Header:
+    """The checked header of the program, from the parse tree of its ``header`` rule."""
+    return _HeaderBuilder(source).header(tree)
+
+
+class _HeaderBuilder:
     def __init__(self, source: SourceFile):
         self.source = source
-        self.transfers: list[Transfer] = []
 
     def loc(self, tok: Token) -> Location:
         return Location(self.source, tok.line, tok.column)
@@ -635,383 +769,153 @@ class _Builder:
             return c
         return text
 
-    # ---------------------------------------------------------------- statements
-    def suite(self, tree: Tree, loop_vars: tuple, depth: int) -> list:
-        out: list = []
-        for ch in tree.children:
-            if isinstance(ch, Tree):
-                self.stmt(ch, loop_vars, depth, out)
-        return out
-
-    def stmt(self, tree: Tree, loop_vars: tuple, depth: int, out: list) -> None:
-        d = tree.data
-        if d == "simple_stmt":
-            for ch in tree.children:
-                if isinstance(ch, Tree):
-                    self.stmt(ch, loop_vars, depth, out)
-        elif d == "assign":
-            name_tok, exp = tree.children
-            out.append(Assign(str(name_tok), self.expr(exp, 0), self.loc(name_tok)))
-        elif d == "pass_stmt":
-            out.append(Pass(self.loc(tree.children[0])))
-        elif d == "transfer":
-            out.append(self.transfer(tree, loop_vars))
-        elif d == "for_stmt":
-            for_tok, var_tok, _in, range_tok, *rest = tree.children
-            body = rest[-1]
-            args = [a for a in rest[:-1] if a is not None]
-            loc = self.loc(for_tok)
-            if depth + 1 > MAX_LOOP_NESTING:
-                raise CompileError.at(loc, f"loops nested too deeply (more than {MAX_LOOP_NESTING})")
-            if not 1 <= len(args) <= 3:
-                raise CompileError.at(self.loc(range_tok),
-                                      f"range() takes 1 to 3 arguments, got {len(args)}")
-            eargs = [self.expr(a, 0) for a in args]
-            var = str(var_tok)
-            node = For(var, eargs, [], loc, self.loc(range_tok))
-            node.body = self.suite(body, loop_vars + (var,), depth + 1)
-            out.append(node)
-        else:  # pragma: no cover - grammar and builder out of sync
-            raise AssertionError(f"unknown statement {d}")
-
-    def transfer(self, tree: Tree, loop_vars: tuple) -> Transfer:
-        tok = tree.children[0]
-        args = [a for a in tree.children[1:] if a is not None]
-        loc = self.loc(tok)
-        if len(args) not in (5, 6):
-            raise CompileError.at(loc, f"transfer() takes 5 or 6 arguments (src, dst, step, chunk, op"
-                                       f"[, channel]), got {len(args)}")
-        names = ("src", "dst", "step", "chunk", "op", "channel")
-        vals = []
-        for i, a in enumerate(args):
-            if i == 4:
-                continue
-            if isinstance(a, Tree) and a.data == "opword":
-                raise CompileError.at(self.tree_loc(a), f"'{a.children[0]}' is an operation; "
-                                                        f"transfer() argument {i + 1} ({names[i]}) "
-                                                        f"must be an integer expression")
-            vals.append(self.expr(a, 0))
-        op = self.op_arg(args[4])
-        site = len(self.transfers)
-        t = Transfer(vals, op, site, loop_vars, loc)
-        self.transfers.append(t)
-        return t
-
-    def op_arg(self, a) -> int:
-        if isinstance(a, Tree):
-            if a.data == "opword":
-                return RECV if a.children[0] == "recv" else RRC
-            if a.data in ("var", "string"):
-                raw = str(a.children[0])
-                word = _unquote(raw) if a.data == "string" else raw
-                if word.lower() == "recv":
-                    return RECV
-                if word.lower() == "rrc":
-                    return RRC
-                shown = raw if len(raw) <= 40 else raw[:37] + "..."
-                raise CompileError.at(self.tree_loc(a), f"unknown transfer op {shown}"
-                                                        f"{did_you_mean(word, ('recv', 'rrc'))} (expected recv or rrc)")
-        raise CompileError.at(self.node_loc(a), "transfer() argument 5 must be the operation "
-                                                "recv or rrc")
-
-    # ---------------------------------------------------------------- expressions
-    def expr(self, t, depth: int) -> Node:
-        if depth > MAX_EXPR_DEPTH:
-            raise CompileError.at(self.node_loc(t), f"expression nested too deeply "
-                                                    f"(more than {MAX_EXPR_DEPTH} levels)")
-        if isinstance(t, Token):  # pragma: no cover - every atom is wrapped by an alias
-            raise AssertionError(f"bare token {t!r}")
-        d = t.data
-        if d == "int":
-            tok = t.children[0]
-            return Int(_parse_int_literal(tok, self.source), self.loc(tok))
-        if d == "var":
-            tok = t.children[0]
-            return Var(str(tok), self.loc(tok))
-        if d == "string":
-            raise CompileError.at(self.tree_loc(t), "strings are only allowed in the header and as "
-                                                    "the transfer op; values are integers")
-        if d == "unary":
-            op_tok, operand = t.children
-            inner = self.expr(operand, depth + 1)
-            if op_tok == "+":
-                return inner
-            if isinstance(inner, Int):
-                return Int(-inner.value, self.loc(op_tok))
-            return Neg(inner, self.loc(op_tok))
-        if d == "binop":
-            left, op_tok, right = t.children
-            for side in (left, right):
-                if isinstance(side, Tree) and side.data == "string":
-                    raise CompileError.at(self.loc(op_tok), f"unsupported operand for '{op_tok}': "
-                                                            f"a string (arithmetic needs integers)")
-            return BinOp(str(op_tok), self.expr(left, depth + 1), self.expr(right, depth + 1),
-                         self.loc(op_tok))
-        if d == "opword":
-            raise CompileError.at(self.tree_loc(t), f"'{t.children[0]}' is a reserved word and "
-                                                    f"cannot be used as a value")
-        raise AssertionError(f"unknown expression {d}")  # pragma: no cover
 
 
-# ------------------------------------------------------------------- fast path (in-parse AST)
-# ``parse_program`` first tries a second lark parser over the same grammar and LALR tables that
-# builds the AST while it parses (lark's ``transformer=`` option), with a lexer that also does the
-# indentation (:class:`_FastLexer`). It handles well-formed programs only: at the first sign of
-# anything else (a syntax error, a failed static check, a construct it leaves to the reference path)
-# it gives up with :class:`_Fallback`, and the reference path above (parse tree + :class:`_Builder`)
-# runs from the start and reports exactly what it always reported. On success both paths build the
-# same AST; tests compare them.
+# ------------------------------------------------------------------- the AST, built while parsing
+# lark calls a method of _Build for each rule (or alias) of rccl.lark it reduces, with the children
+# a parse tree would have had; they return AST nodes bottom-up, so no tree is made. An error is
+# never raised there: the parse reports its syntax errors first, and the static checks must find
+# their errors in the order of the program (the header, then each statement top-down, each
+# statement's parts in order), which a bottom-up build does not meet in that order. So what may be
+# wrong stays as it was written -- a raw node (_Str, _OpWord, _BigInt, _Unary) in an expression, a
+# _RawStmt for a statement with one, or with more operators than an expression may nest -- and
+# _Checks, a walk of the finished AST in the program's order, checks those, reporting the first
+# error, and replaces them by their AST nodes. Well-formed statements (nearly all) are built
+# directly and only have their loops' variables and nesting set by that walk.
 
-class _Fallback(Exception):
-    """The fast path declines this input; the reference path decides (and reports) instead."""
+class _Str(Node):
+    """A string where an integer expression goes (an error, unless it is transfer()'s op)."""
 
+    __slots__ = ("tok",)
 
-class _FastLexer(BasicLexer):
-    """lark's basic lexer (same terminals, same regular expression, same keyword handling) in one
-    tight loop that also turns ``_NL`` into ``_NL`` / ``_INDENT`` / ``_DEDENT`` like
-    :class:`_Indenter` (which the fast parser does not use). Tokens that the parse tree drops
-    (punctuation, newlines, indentation) are shared objects without positions; the others are
-    real :class:`Token` objects with ``line`` and ``column`` (and ``start_pos``). Indentation
-    errors and characters no terminal matches raise :class:`_Fallback`."""
-
-    __future_interface__ = 2
-
-    def __init__(self, conf, comparator=None) -> None:
-        super().__init__(conf, comparator)
-        self._setup = None
-
-    def _prepare(self):
-        scanner = self.scanner  # builds lark's scanner (and self.callback)
-        if len(scanner._mres) != 1:
-            raise _Fallback("scanner split over several regular expressions")
-        keywords: dict[str, dict[str, str]] = {}
-        for type_, cb in self.callback.items():
-            terms = getattr(getattr(cb, "scanner", None), "terminals", None)
-            if type(cb) is not UnlessCallback or terms is None or any(
-                    type(t.pattern) is not PatternStr or t.pattern.flags for t in terms):
-                raise _Fallback(f"unsupported lexer callback for {type_}")
-            # an UnlessCallback re-types a token that fully matches one of these plain strings
-            keywords[type_] = {t.pattern.value: t.name for t in terms}
-        self._setup = (scanner._mres[0], keywords)
-        return self._setup
-
-    def lex(self, lexer_state, parser_state):
-        mre, keywords = self._setup or self._prepare()
-        shared = self.shared_tokens
-        kinds = self._kinds(keywords)
-        slice_ = lexer_state.text
-        text, end = slice_.text, slice_.end
-        if slice_.start != 0:
-            raise _Fallback("text slices are not supported")
-        next_match = mre.scanner(text, 0, end).match    # each call matches where the last ended
-        new_str = str.__new__
-        line, line_start = 1, 0
-        depth = 0                   # open parentheses: newlines inside are joined
-        stack = [(0, 0)]            # indentation widths (tab size 8, tab size 1)
-        widths = _Indenter._widths
-        nl_tok, indent_tok, dedent_tok = shared["_NL"], shared["_INDENT"], shared["_DEDENT"]
-        lpar, rpar = shared.get("LPAR"), shared.get("RPAR")
-        m = None
-        while True:
-            prev, m = m, next_match()
-            if m is None:
-                if (prev.end() if prev is not None else 0) != end:
-                    raise _Fallback("no terminal matches")
-                break
-            type_ = m.lastgroup
-            kind = kinds[type_]
-            if kind == _K_SHARED:
-                tok = shared[type_]
-                if tok is lpar:
-                    depth += 1
-                elif tok is rpar and depth:
-                    depth -= 1
-                yield tok
-                continue
-            if kind == _K_IGNORE:
-                continue
-            if kind == _K_NL:
-                value = m.group()
-                nls = value.count("\n")
-                if nls:
-                    start = m.start()
-                    line += nls
-                    line_start = start + value.rindex("\n") + 1
-                if depth:
-                    continue
-                yield nl_tok
-                if not nls:
-                    continue
-                w = widths(value[line_start - start:])
-                top = stack[-1]
-                if w == top:
-                    continue
-                if w[0] > top[0] and w[1] > top[1]:
-                    stack.append(w)
-                    yield indent_tok
-                    continue
-                if (w[0] > top[0]) != (w[1] > top[1]) or (w[0] == top[0]) != (w[1] == top[1]):
-                    raise _Fallback("inconsistent tabs and spaces")
-                while stack[-1][0] > w[0]:
-                    stack.pop()
-                    yield dedent_tok
-                if stack[-1] != w:
-                    raise _Fallback("unindent does not match")
-                continue
-            value = m.group()
-            start = m.start()
-            tok_line, tok_col = line, start - line_start + 1
-            if kind == _K_MULTILINE:    # may hold newlines (positions as lark's LineCounter)
-                nls = value.count("\n")
-                if nls:
-                    line += nls
-                    line_start = start + value.rindex("\n") + 1
-                if type_ in self.ignore_types:
-                    continue
-            kw = keywords.get(type_)
-            if kw is not None:
-                type_ = kw.get(value, type_)
-            tok = shared.get(type_)
-            if tok is None:
-                tok = new_str(Token, value)
-                tok.type = type_
-                tok.value = value
-                tok.start_pos = start
-                tok.line = tok_line
-                tok.column = tok_col
-                tok.end_line = tok.end_column = tok.end_pos = None
-            elif tok is lpar:
-                depth += 1
-            elif tok is rpar and depth:
-                depth -= 1
-            yield tok
-        while len(stack) > 1:
-            stack.pop()
-            yield dedent_tok
-
-    def _kinds(self, keywords) -> dict[str, int]:
-        kinds = {}
-        for t in self.terminals:
-            n = t.name
-            if n == "_NL":
-                kinds[n] = _K_NL
-            elif n in self.newline_types:
-                kinds[n] = _K_MULTILINE
-            elif n in self.ignore_types:
-                kinds[n] = _K_IGNORE
-            elif n in self.shared_tokens and n not in keywords:
-                kinds[n] = _K_SHARED
-            else:
-                kinds[n] = _K_TOKEN
-        return kinds
+    def __init__(self, tok: Token):
+        self.tok = tok
 
 
-# what _FastLexer does with a terminal's match
-_K_SHARED, _K_IGNORE, _K_NL, _K_MULTILINE, _K_TOKEN = range(5)
+class _OpWord(_Str):
+    """``recv`` / ``rrc`` as a transfer() argument (an error, unless it is the op)."""
+
+    __slots__ = ()
 
 
-def _shared_tokens(lark: Lark) -> dict[str, Token]:
-    """One position-less token per terminal that no tree keeps (punctuation, ``_NL``, ...)."""
-    kept = {"$END"}
-    for rule in lark.rules:
-        for sym in rule.expansion:
-            if sym.is_term and (rule.options.keep_all_tokens or not sym.filter_out):
-                kept.add(sym.name)
-    names = {t.name for t in lark.terminals} | {"_INDENT", "_DEDENT", "_NL"}
-    return {n: Token(n, "", 0, 0, 0, 0, 0, 0) for n in names - kept}
+class _BigInt(_Str):
+    """An integer literal over :data:`INT_LIMIT` (an error)."""
+
+    __slots__ = ()
 
 
-class _Reduce:
-    """lark in-parse callbacks (one per rule or alias of ``rccl.lark``; lark passes the children
-    the tree would have had) that build :class:`_Builder`'s AST bottom-up, doing its checks as
-    conditions only: whatever it would report raises :class:`_Fallback`. Rules without a method
-    here (the header, lark's internal list rules) build ordinary trees.
+class _Unary(Node):
+    """Unary ``+`` (which leaves no node of its own once checked), or ``-`` over a raw operand."""
 
-    Differences from the top-down builder, all resolved after the parse or conservatively:
-    ``Transfer.loop_vars`` and the loop nesting bound (:func:`_nest`), and the expression depth
-    bound (counted as the number of operators in the statement, an upper bound on the depth).
-    """
+    __slots__ = ("tok", "operand")
+
+    def __init__(self, tok: Token, operand: Node):
+        self.tok, self.operand = tok, operand
+
+
+class _RawStmt(Node):
+    """An assignment or a transfer() to check: ``kind`` and its rule's children; ``site``: a
+    transfer's call site, kept for it."""
+
+    __slots__ = ("kind", "children", "site")
+
+    def __init__(self, kind: str, children: list, site: int = -1):
+        self.kind, self.children, self.site = kind, children, site
+
+
+class _Build:
+    """The in-parse callbacks (one per rule or alias of ``rccl.lark``; the header's rules and
+    lark's internal list rules have none and make ordinary trees). State of one parse:
+    ``transfers`` (by call site; None for a transfer left raw), ``folded`` (the negative literals
+    folded into one Int, for the expression depth check: id -> (the Int, the '-' token, the Int
+    it negated)), and the counts of the statement being parsed: raw nodes and operators."""
 
     def __init__(self) -> None:
-        self._source: SourceFile | None = None
-        self._transfers: list[Transfer] = []
-        self._ops = 0    # unary / binary operators since the last statement
+        self.reset(None)
 
-    def _reset(self, source: SourceFile) -> None:
-        self._source, self._transfers, self._ops = source, [], 0
+    def reset(self, source: SourceFile | None) -> None:
+        self.source = source
+        self.transfers: list = []
+        self.folded: dict[int, tuple] = {}
+        self._raw = 0    # raw nodes since the last statement
+        self._ops = 0    # unary / binary operators since the last statement (a bound on the depth)
 
-    def _stmt_done(self) -> None:
-        if self._ops > MAX_EXPR_DEPTH:
-            raise _Fallback("expression may be nested too deeply")
-        self._ops = 0
+    def _clean(self) -> bool:
+        """The statement just parsed needs no check (and the counts start again)."""
+        clean = not self._raw and self._ops <= MAX_EXPR_DEPTH
+        self._raw = self._ops = 0
+        return clean
 
     # ---------------------------------------------------------------- expressions
     def int(self, ch):
         tok = ch[0]
         v = tok.value
-        value = int(v) if len(v) <= 18 else _parse_int_literal(tok, self._source)
-        return Int(value, Location(self._source, tok.line, tok.column))
+        if len(v) > 18:             # over 18 characters it may exceed INT_LIMIT
+            try:
+                value = _parse_int_literal(tok, self.source)
+            except CompileError:
+                self._raw += 1
+                return _BigInt(tok)
+        else:
+            value = int(v)
+        return Int(value, Location(self.source, tok.line, tok.column))
 
     def var(self, ch):
         tok = ch[0]
-        return Var(tok.value, Location(self._source, tok.line, tok.column))
+        return Var(tok.value, Location(self.source, tok.line, tok.column))
+
+    def string(self, ch):
+        self._raw += 1
+        return _Str(ch[0])
+
+    def opword(self, ch):
+        self._raw += 1
+        return _OpWord(ch[0])
 
     def unary(self, ch):
         op_tok, inner = ch
         self._ops += 1
-        if type(inner) is Tree:
-            raise _Fallback("string or operation in an expression")
-        if op_tok.value == "+":
-            return inner
-        if type(inner) is Int:
-            return Int(-inner.value, Location(self._source, op_tok.line, op_tok.column))
-        return Neg(inner, Location(self._source, op_tok.line, op_tok.column))
+        t = type(inner)
+        if op_tok.value == "+" or not (t is Int or t is Var or t is BinOp or t is Neg):
+            self._raw += 1
+            return _Unary(op_tok, inner)
+        loc = Location(self.source, op_tok.line, op_tok.column)
+        if t is Int:
+            out = Int(-inner.value, loc)
+            self.folded[id(out)] = (out, op_tok, inner)
+            return out
+        return Neg(inner, loc)
 
     def binop(self, ch):
         left, op_tok, right = ch
         self._ops += 1
-        if type(left) is Tree or type(right) is Tree:
-            raise _Fallback("string or operation in an expression")
-        return BinOp(op_tok.value, left, right, Location(self._source, op_tok.line, op_tok.column))
+        return BinOp(op_tok.value, left, right, Location(self.source, op_tok.line, op_tok.column))
 
     # ---------------------------------------------------------------- statements
     def assign(self, ch):
         name_tok, value = ch
-        if type(value) is Tree:
-            raise _Fallback("string value")
-        self._stmt_done()
-        return Assign(name_tok.value, value, Location(self._source, name_tok.line, name_tok.column))
+        if not self._clean():
+            return _RawStmt("assign", ch)
+        return Assign(name_tok.value, value, Location(self.source, name_tok.line, name_tok.column))
 
     def pass_stmt(self, ch):
         tok = ch[0]
-        self._stmt_done()
-        return Pass(Location(self._source, tok.line, tok.column))
+        self._clean()
+        return Pass(Location(self.source, tok.line, tok.column))
 
     def transfer(self, ch):
         tok = ch[0]
         args = [a for a in ch[1:] if a is not None]
-        if len(args) not in (5, 6):
-            raise _Fallback("transfer() arity")
-        op_arg = args.pop(4)
-        for a in args:
-            if type(a) is Tree:
-                raise _Fallback("string or operation as a transfer() value")
-        if type(op_arg) is Tree:     # recv / rrc, or a string
-            raw = op_arg.children[0].value
-            word = _unquote(raw).lower() if op_arg.data == "string" else raw
-        elif type(op_arg) is Var:
-            word = op_arg.name.lower()
-        else:
-            raise _Fallback("transfer() operation")
-        if word == "recv":
-            op = RECV
-        elif word == "rrc":
-            op = RRC
-        else:
-            raise _Fallback("unknown transfer() operation")
-        self._stmt_done()
-        t = Transfer(args, op, len(self._transfers), (), Location(self._source, tok.line, tok.column))
-        self._transfers.append(t)
+        op = _op_of(args[4]) if len(args) in (5, 6) else None
+        if op is not None and isinstance(args[4], _Str):
+            self._raw -= 1          # the op's string or word is in its place
+        site = len(self.transfers)
+        if not self._clean() or op is None:
+            self.transfers.append(None)
+            return _RawStmt("transfer", ch, site)
+        del args[4]
+        t = Transfer(args, op, site, (), Location(self.source, tok.line, tok.column))
+        self.transfers.append(t)
         return t
 
     def simple_stmt(self, ch):
@@ -1027,88 +931,160 @@ class _Reduce:
         return out
 
     def for_stmt(self, ch):
+        # range()'s arguments are checked by _Checks (few): their counts go to the body's first
+        # statement, which is then at worst checked for nothing
         for_tok, var_tok, _in, range_tok, *rest = ch
         body = rest.pop()
         args = [a for a in rest if a is not None]
-        if not 1 <= len(args) <= 3:
-            raise _Fallback("range() arity")
-        for a in args:
-            if type(a) is Tree:
-                raise _Fallback("string range() argument")
-        return For(var_tok.value, args, body, Location(self._source, for_tok.line, for_tok.column),
-                   Location(self._source, range_tok.line, range_tok.column))
+        return For(var_tok.value, args, body, Location(self.source, for_tok.line, for_tok.column),
+                   Location(self.source, range_tok.line, range_tok.column))
 
     def start(self, ch):
-        self._stmt_done()
         header, body = ch
         return header, body
 
 
-def _nest(stmts: list, loop_vars: tuple, depth: int) -> None:
-    """Sets ``Transfer.loop_vars`` (the enclosing loops' variables) and checks the nesting bound."""
-    for s in stmts:
-        if type(s) is Transfer:
-            s.loop_vars = loop_vars
-        elif type(s) is For:
-            if depth >= MAX_LOOP_NESTING:
-                raise _Fallback("loops nested too deeply")
-            _nest(s.body, loop_vars + (s.var,), depth + 1)
+def _op_of(a) -> int | None:
+    """The transfer op that argument ``a`` names (recv, rrc, either as a name or a string in any
+    case), or None."""
+    t = type(a)
+    if t is _OpWord:
+        return RECV if a.tok.value == "recv" else RRC
+    if t is Var:
+        word = a.name.lower()
+    elif t is _Str:
+        word = _unquote(a.tok.value).lower()
+    else:
+        return None
+    return RECV if word == "recv" else RRC if word == "rrc" else None
 
 
-_FAST: tuple | None = None   # (reference Lark it was made beside, fast Lark or None, _Reduce)
+_TRANSFER_ARGS = ("src", "dst", "step", "chunk", "op", "channel")
 
 
-def _fast_parser() -> tuple:
-    global _FAST
-    base = _parser()
-    if _FAST is None or _FAST[0] is not base:
-        text = _GRAMMAR.read_text(encoding="utf-8")
-        reducer = _Reduce()
-        lark = Lark(text, parser="lalr", lexer=_FastLexer, transformer=reducer, maybe_placeholders=True)
-        lexer = lark.parser.lexer
-        if isinstance(lexer, _FastLexer):
-            lexer.shared_tokens = _shared_tokens(lark)
-        else:  # pragma: no cover - lark wrapped the lexer: keep to the reference path
-            lark = None
-        _FAST = (base, lark, reducer)
-    return _FAST[1], _FAST[2]
+class _Checks:
+    """The static checks of the body, in the program's order (:class:`_Build`'s comment): sets
+    each transfer's ``loop_vars`` and bounds the loop nesting; checks and builds every raw
+    statement and range()'s arguments; raises the first error."""
 
+    def __init__(self, source: SourceFile, transfers: list, folded: dict):
+        self.source, self.transfers, self.folded = source, transfers, folded
 
-_FAST_LOCK = threading.Lock()   # the fast parser keeps the program being built in its _Reduce
+    def loc(self, tok: Token) -> Location:
+        return Location(self.source, tok.line, tok.column)
 
+    def body(self, stmts: list, loop_vars: tuple, depth: int) -> None:
+        for i, s in enumerate(stmts):
+            t = type(s)
+            if t is Transfer:
+                s.loop_vars = loop_vars
+            elif t is For:
+                if depth + 1 > MAX_LOOP_NESTING:
+                    raise CompileError.at(s.loc, f"loops nested too deeply (more than {MAX_LOOP_NESTING})")
+                if not 1 <= len(s.args) <= 3:
+                    raise CompileError.at(s.range_loc, f"range() takes 1 to 3 arguments, got {len(s.args)}")
+                s.args = [self.expr(a, 0) for a in s.args]
+                self.body(s.body, loop_vars + (s.var,), depth + 1)
+            elif t is _RawStmt:
+                stmts[i] = self.transfer(s, loop_vars) if s.kind == "transfer" else self.assign(s)
 
-def _parse_fast(source: SourceFile, text: str) -> Program:
-    with _FAST_LOCK:
-        lark, reducer = _fast_parser()
-        if lark is None:
-            raise _Fallback("no fast parser")
-        reducer._reset(source)
-        try:
-            header_tree, body = lark.parse(text)
-            transfers = reducer._transfers
-        finally:
-            reducer._reset(None)  # type: ignore[arg-type]
-    _nest(body, (), 0)
-    header = _Builder(source).header(header_tree)
-    return Program(source, header, body, transfers)
+    def assign(self, s: _RawStmt) -> Assign:
+        name_tok, exp = s.children
+        return Assign(name_tok.value, self.expr(exp, 0), self.loc(name_tok))
+
+    def transfer(self, s: _RawStmt, loop_vars: tuple) -> Transfer:
+        tok = s.children[0]
+        args = [a for a in s.children[1:] if a is not None]
+        loc = self.loc(tok)
+        if len(args) not in (5, 6):
+            raise CompileError.at(loc, f"transfer() takes 5 or 6 arguments (src, dst, step, chunk, op"
+                                       f"[, channel]), got {len(args)}")
+        vals = []
+        for i, a in enumerate(args):
+            if i == 4:
+                continue
+            if type(a) is _OpWord:
+                raise CompileError.at(self.loc(a.tok), f"'{a.tok.value}' is an operation; transfer() argument "
+                                                       f"{i + 1} ({_TRANSFER_ARGS[i]}) must be an integer expression")
+            vals.append(self.expr(a, 0))
+        op = _op_of(args[4])
+        if op is None:
+            a = args[4]
+            if type(a) is Var or type(a) is _Str:
+                raw = a.name if type(a) is Var else a.tok.value
+                word = raw if type(a) is Var else _unquote(raw)
+                shown = raw if len(raw) <= 40 else raw[:37] + "..."
+                raise CompileError.at(self.first_loc(a), f"unknown transfer op {shown}"
+                                                         f"{did_you_mean(word, ('recv', 'rrc'))} (expected recv or rrc)")
+            raise CompileError.at(self.first_loc(a), "transfer() argument 5 must be the operation recv or rrc")
+        t = Transfer(vals, op, s.site, loop_vars, loc)
+        self.transfers[s.site] = t
+        return t
+
+    def first_loc(self, e) -> Location:
+        """Where expression ``e`` starts in the text (its first token)."""
+        while type(e) is BinOp:
+            e = e.left
+        if isinstance(e, (_Str, _Unary)):
+            return self.loc(e.tok)
+        return e.loc
+
+    def expr(self, e, depth: int):
+        """``e`` checked (at ``depth`` operators below its statement) and with its raw nodes
+        replaced: the same object where it had none."""
+        if depth > MAX_EXPR_DEPTH:
+            raise CompileError.at(self.first_loc(e), f"expression nested too deeply "
+                                                     f"(more than {MAX_EXPR_DEPTH} levels)")
+        t = type(e)
+        if t is Var:
+            return e
+        if t is Int:
+            neg = self.folded.get(id(e))
+            if neg is not None and neg[0] is e:
+                self.expr(neg[2], depth + 1)     # the literal under its '-' (only its depth can be wrong)
+            return e
+        if t is BinOp:
+            for side in (e.left, e.right):
+                if type(side) is _Str:
+                    raise CompileError.at(e.loc, f"unsupported operand for '{e.op}': "
+                                                 f"a string (arithmetic needs integers)")
+            left, right = self.expr(e.left, depth + 1), self.expr(e.right, depth + 1)
+            return e if left is e.left and right is e.right else BinOp(e.op, left, right, e.loc)
+        if t is Neg:
+            inner = self.expr(e.operand, depth + 1)
+            return e if inner is e.operand else Neg(inner, e.loc)
+        if t is _Unary:
+            inner = self.expr(e.operand, depth + 1)
+            if e.tok.value == "+":
+                return inner
+            if type(inner) is Int:
+                return Int(-inner.value, self.loc(e.tok))
+            return Neg(inner, self.loc(e.tok))
+        if t is _BigInt:
+            _parse_int_literal(e.tok, self.source)      # raises
+        if t is _OpWord:
+            raise CompileError.at(self.loc(e.tok), f"'{e.tok.value}' is a reserved word and cannot be used as a value")
+        raise CompileError.at(self.loc(e.tok), "strings are only allowed in the header and as "
+                                               "the transfer op; values are integers")
 
 
 def parse_program(source: SourceFile) -> Program:
     """Parse and statically check ``source``; evaluation is :func:`evaluator.evaluate`."""
     text = _checked_text(source)
-    try:
-        with gc_paused():
-            return _parse_fast(source, text)
-    except Exception:  # noqa: BLE001 - anything unusual: the reference path decides and reports
-        pass
-    return _parse_reference(source)
-
-
-def _parse_reference(source: SourceFile) -> Program:
-    tree = parse_tree(source)
-    header_tree = next(c for c in tree.children if isinstance(c, Tree) and c.data == "header")
-    suite_tree = next(c for c in tree.children if isinstance(c, Tree) and c.data == "suite")
-    b = _Builder(source)
-    header = b.header(header_tree)
-    body = b.suite(suite_tree, (), 0)
-    return Program(source, header, body, b.transfers)
+    with _LOCK, gc_paused():
+        lark, build, lexer = _parser()
+        build.reset(source)
+        lexer.source = source
+        try:
+            header_tree, body = lark.parse(text)
+        except LarkError as exc:
+            if isinstance(exc, UnexpectedToken):
+                exc.token = lexer.located(exc.token)
+            raise _syntax_error(exc, source, lexer.open_parens()) from None
+        finally:
+            transfers, folded = build.transfers, build.folded
+            build.reset(None)
+            lexer.source = None
+        header = _header(source, header_tree)
+        _Checks(source, transfers, folded).body(body, (), 0)
+    return Program(source, header, body, transfers)

@@ -320,6 +320,12 @@ def happens_before(ir: ProgramIR, qa: np.ndarray, qb: np.ndarray, budget: int = 
     connected component of the thread-block graph (MSCCL instances, independent channels), so the
     entries of different components share columns: a row holds the clocks of its own component's
     thread blocks only, and the width is the most queried thread blocks of one component.
+
+    The clocks advance a level at a time, a few numpy operations per level: numpy alone, no numba
+    kernel beside it. The kernel it once had (one edge and column at a time) ran 16-36x slower
+    than this loop as plain Python (``benchmarks/twins.py``, 960-3,968 primitives), so below
+    numba's threshold it could not replace this loop; compiled it was 3.4-3.6x faster, for
+    programs past 4 M clock entries only (docs/architecture.md, the row on numba).
     """
     qa = np.asarray(qa, np.int64)
     qb = np.asarray(qb, np.int64)
@@ -358,17 +364,9 @@ def happens_before(ir: ProgramIR, qa: np.ndarray, qb: np.ndarray, budget: int = 
     width = max(1, min(W, budget // max(4 * n, 1)))
     gcol = col[g]
     qcol = gcol[qa]
-    compiled = _compiled_clocks(n * W)
     for c0 in range(0, W, width):
         c1 = min(W, c0 + width)
         w = c1 - c0
-        if compiled is not None:
-            sel = np.flatnonzero(same & (qcol >= c0) & (qcol < c1))
-            got = np.zeros(len(sel), np.bool_)
-            compiled(n, w, c0, src, dst, ebound.astype(np.int64), order_n.astype(np.int64),
-                     nbound.astype(np.int64), gcol, seq, qa[sel], qb[sel], qcol[sel], got)
-            out[sel] = got
-            continue
         vc = np.zeros((n, w), np.int32)
         own = gcol - c0
         mine = (gcol >= c0) & (gcol < c1)
@@ -387,14 +385,6 @@ def happens_before(ir: ProgramIR, qa: np.ndarray, qb: np.ndarray, budget: int = 
         a, bq = qa[sel], qb[sel]
         out[sel] = vc[bq, qcol[sel] - c0] >= seq[a] + 1
     return out
-
-
-def _compiled_clocks(entries: int):
-    """The compiled clock block (:mod:`hccc.compiler.ir.symbolic_kernel`) for ``entries`` clock
-    entries from its threshold on, where numba is installed; else None (the numpy loop, 16-36x
-    faster than the kernel run as plain Python: measured there)."""
-    from hccc.compiler.ir import symbolic_kernel
-    return symbolic_kernel.KERNELS.compiled_for("clock_block", entries)
 
 
 # ---------------------------------------------------------------------------------------------

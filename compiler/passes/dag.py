@@ -21,10 +21,10 @@ Construction (vectorised):
    is reachable from ``u`` through another of ``v``'s predecessors. Chunks are independent, so
    this is done per chunk, only for chunks holding a task with two or more predecessors, with
    ancestor bitsets (Python integers, one bit per task of the chunk in topological order) kept
-   only while a task still has unprocessed successors.
-   From ``dag_kernel.COMPILED_FROM`` tasks on (numba installed) the chunks of up to
-   ``dag_kernel.MAX_TASKS`` tasks go through a compiled kernel over 64-bit words instead (the
-   integers stay because plain Python runs them 3-8x faster than that kernel: measured there).
+   only while a task still has unprocessed successors. Python integers and no numba kernel: a
+   kernel of the same procedure over rows of 64-bit words ran 38x slower than the integers as
+   plain Python on 2 x 8 GPUs (``benchmarks/twins.py``: 0.8 ms against 30 ms; 3.2x at 1,984 tasks),
+   and compiled it was only 1.5x faster than them (32,512 tasks: 0.42 s against 0.65 s).
 
 Communication dependencies are not edges: ``link[t]`` is a dense id of the connection the task
 uses, the directed pair ``(src, dst)`` and, in a program that names channels, the channel; equal
@@ -43,7 +43,6 @@ import numpy as np
 
 from hccc.compiler.frontend.algorithm import RRC, Algorithm
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort
-from hccc.compiler.passes import dag_kernel
 
 __all__ = ["DependencyDAG", "build_dag"]
 
@@ -216,9 +215,8 @@ def _sparse_edges(src, dst, step, chunk_idx, is_rrc, n):
     return es.astype(np.int64), ed.astype(np.int64)
 
 
-def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n, compiled=None):
+def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n):
     """Step 2: boolean mask of the edges to keep (exact transitive reduction, per chunk).
-    ``compiled``: ``dag_kernel.reduce_chunks`` compiled, for the chunks it takes, or None.
 
     ``topo_pos[t]`` is t's position in a topological order sorted by chunk; edges only join tasks
     of one chunk, so a task's local bit index is its position minus its chunk's first position.
@@ -246,14 +244,6 @@ def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n, compiled=None):
     # Remaining-successor counts only matter to free bitsets early.
     outdeg = np.bincount(ps, minlength=n)
     drop: list[int] = []
-    if compiled is not None:   # chunks of up to MAX_TASKS tasks through the compiled loop (same result)
-        base_w = cstart[work_chunks].astype(np.int64)
-        small = work_last + 1 - base_w <= dag_kernel.MAX_TASKS
-        drop_k = np.zeros(len(ps), bool)
-        compiled(ps.astype(np.int64), eptr.astype(np.int64), base_w[small],
-                                 work_last[small].astype(np.int64), drop_k)
-        drop = np.flatnonzero(drop_k).tolist()
-        work_chunks, work_last = work_chunks[~small], work_last[~small]
     for c, last in zip(work_chunks.tolist(), work_last.tolist()):
         base = int(cstart[c])
         e_lo, e_hi = int(eptr[base]), int(eptr[last + 1])
@@ -295,19 +285,8 @@ def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n, compiled=None):
 
 
 # ------------------------------------------------------------------------------------------- API
-def build_dag(alg: Algorithm, *, engine: str = "auto") -> DependencyDAG:
-    """Dependency DAG of ``alg`` (see the module docstring). ``engine``: ``"python"``,
-    ``"compiled"`` (the transitive reduction of chunks up to ``dag_kernel.MAX_TASKS`` tasks in
-    :mod:`hccc.compiler.passes.dag_kernel`; needs numba) or ``"auto"`` (compiled from
-    ``dag_kernel.COMPILED_FROM`` tasks on when numba is installed, ``HCCC_JIT`` overriding:
-    :class:`~hccc.util.jit.Kernels`): the same DAG either way."""
-    if engine not in ("auto", "python", "compiled"):
-        raise ValueError(f"unknown DAG engine {engine!r} (expected auto, python or compiled)")
-    compiled = None
-    if engine == "compiled":
-        compiled = dag_kernel.KERNELS.require("reduce_chunks")
-    elif engine == "auto":
-        compiled = dag_kernel.KERNELS.compiled_for("reduce_chunks", alg.ntransfers)
+def build_dag(alg: Algorithm) -> DependencyDAG:
+    """Dependency DAG of ``alg`` (see the module docstring)."""
     n = alg.ntransfers
     src = np.asarray(alg.src, np.int64)
     dst = np.asarray(alg.dst, np.int64)
@@ -339,7 +318,7 @@ def build_dag(alg: Algorithm, *, engine: str = "auto") -> DependencyDAG:
     topo = lexsort((np.arange(n), step, chunk_idx))
     topo_pos = np.empty(n, np.int64)
     topo_pos[topo] = np.arange(n)
-    keep = _transitive_reduction(es, ed, topo_pos, chunk_idx[topo], n, compiled)
+    keep = _transitive_reduction(es, ed, topo_pos, chunk_idx[topo], n)
     es, ed = es[keep], ed[keep]  # still sorted by (src, dst)
 
     succ_ptr = _csr(es, n)

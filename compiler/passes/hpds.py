@@ -52,22 +52,19 @@ Algorithm 1, as implemented here (interpretations of the pseudocode are marked *
   among ready tasks (depth ignores where earlier tasks sit on their links: A100 Topo1/2 -5..-12 %).
   The clock's pipelining lag (1/16 vs 0 .. 1/2) did not change any of these results.
 
-Data structures (for 2 M tasks): tasks are renumbered in ``(chunk, step, row)`` order; each chunk
-keeps the list of its ready tasks not yet examined in the current sub-pipeline; a ready task found
-link-blocked is parked until the sub-pipeline closes (a link used in a sub-pipeline stays used
-until it closes, so re-examining it earlier is pointless); links carry the index of the last
-sub-pipeline that used them (no clearing between sub-pipelines); the queue is a binary heap of
-``(-priority, chunk)``. Rule I7 adds a heap of ``(ready time, task)`` per link (lazy deletion)
-and a few floats per task: O(log) per task, about 4x the time of Algorithm 1 alone on 2 M tasks.
-From :data:`~hccc.compiler.passes.hpds_kernel.COMPILED_FROM` tasks on (and when numba is installed)
-:func:`hpds` runs the same procedure over flat arrays, compiled (:mod:`hccc.compiler.passes.hpds_kernel`):
-the same schedule, task for task, about 15x faster. The list scheduler stays because plain Python runs it 3.4-3.8x
-faster than the kernel's array loops (measured there).
+One implementation (:mod:`hccc.compiler.passes.hpds_kernel`): Algorithm 1 with rule *I7* over
+flat arrays -- tasks renumbered in ``(chunk, step, row)`` order, each chunk's ready tasks not yet
+examined and its link-blocked (parked) tasks as segments of two arrays, a link stamped with the last
+sub-pipeline that used it, the queue a binary heap of ``(-priority, chunk)``, a heap of ``(ready
+time, task)`` per link -- which the interpreter runs for small programs and numba compiles once a
+process has scheduled :data:`~hccc.compiler.passes.hpds_kernel.COMPILED_FROM` tasks
+(:meth:`~hccc.util.jit.Kernels.pick`). Compiled it is 12-90x faster than a list-based scheduler
+of the same procedure that plain Python ran 3.5-19x faster than the kernel (``benchmarks/twins.py``:
+1.1 ms against 20 ms at 480 tasks, 26 ms against 90 ms at 1,984), which was removed: on the
+examples the kernel run plain costs tens of milliseconds, where the list scheduler would cost
+seconds per million tasks.
 """
 from __future__ import annotations
-
-import heapq
-from heapq import heappop, heappush
 
 import numpy as np
 
@@ -78,12 +75,6 @@ from hccc.compiler.passes.schedule import Schedule
 from hccc.compiler.ir.sort_order import lexsort
 
 __all__ = ["hpds"]
-
-#: Rule I7's clock: a task lasts 1; a task pipelined behind a producer of its own sub-pipeline
-#: starts, and ends at the earliest, this long after the producer (one micro-batch of ~16).
-_SLICE = 1.0 / 16
-_EPS = 1e-9
-
 
 class _ChunkScheduler:
     """State shared by HPDS and round-robin: ready lists, link stamps, the growing pipeline."""
@@ -180,148 +171,27 @@ class _ChunkScheduler:
         return Schedule(subpipeline=sp_rows, order=order.astype(np.int64), scheduler=name)
 
 
-class _TimedChunkScheduler(_ChunkScheduler):
-    """HPDS's scheduler state plus the unit-cost clock of rule *I7* (see the module docstring).
-
-    Per task: ``est_s`` / ``est_e`` (estimated start / end once scheduled) and, while it waits,
-    the running maxima over its scheduled predecessors: ``a_sp`` (the latest sub-pipeline among
-    them), ``a_s`` / ``a_e`` (largest start / end of the predecessors in ``a_sp``) and ``b_e``
-    (largest end of those in earlier sub-pipelines). Per link: ``lend`` (estimated time the link
-    finishes its scheduled tasks) and ``lheap``, a heap of ``(ready time, task)`` of its ready,
-    unscheduled tasks (entries of scheduled tasks are dropped lazily).
-    """
-
-    def __init__(self, alg: Algorithm, dag: DependencyDAG) -> None:
-        super().__init__(alg, dag)
-        n = self.n
-        self.est_s = [0.0] * n
-        self.est_e = [0.0] * n
-        self.a_sp = [-1] * n
-        self.a_s = [0.0] * n
-        self.a_e = [0.0] * n
-        self.b_e = [0.0] * n
-        self.taken = [False] * n
-        self.lend = [0.0] * len(self.stamp)
-        lheap: list[list] = [[] for _ in range(len(self.stamp))]
-        link = self.link
-        for c in self.cand:
-            for t in c:                      # ascending ids: each heap list stays a valid heap
-                lheap[link[t]].append((0.0, t))
-        self.lheap = lheap
-
-    def visit(self, c: int) -> int:
-        """Like :meth:`_ChunkScheduler.visit`, with rule *I7* and the clock update."""
-        sp = self.sp
-        stamp, link, lheap, taken = self.stamp, self.link, self.lheap, self.taken
-        a_sp, a_s, a_e, b_e = self.a_sp, self.a_s, self.a_e, self.b_e
-        park = self.parked[c]
-        take = []
-        for t in self.cand[c]:
-            lk = link[t]
-            if stamp[lk] == sp:
-                park.append(t)
-                continue
-            h = lheap[lk]
-            while taken[h[0][1]]:
-                heappop(h)
-            if h[0][0] < (a_e[t] if a_e[t] > b_e[t] else b_e[t]) - _EPS:
-                park.append(t)               # another ready task of this link is ready earlier
-                continue
-            stamp[lk] = sp
-            take.append(t)
-        if not take:
-            self.cand[c] = []
-            return 0
-        sp_of, indeg, sptr, succ = self.sp_of, self.indeg, self.sptr, self.succ
-        est_s, est_e, lend = self.est_s, self.est_e, self.lend
-        new = []
-        for t in take:
-            sp_of[t] = sp
-            taken[t] = True
-            lk = link[t]
-            # start: after the link's earlier tasks, the earlier sub-pipelines' producers, and
-            # one slice after the producers pipelined in this sub-pipeline
-            start = lend[lk]
-            if b_e[t] > start:
-                start = b_e[t]
-            if a_sp[t] == sp:
-                if a_s[t] + _SLICE > start:
-                    start = a_s[t] + _SLICE
-                done = max(a_e[t], b_e[t]) + _SLICE
-            else:
-                if a_e[t] > start:
-                    start = a_e[t]
-                done = max(a_e[t], b_e[t]) + _SLICE if a_sp[t] >= 0 else 0.0
-            end = start + 1.0
-            if done > end:
-                end = done
-            est_s[t] = start
-            est_e[t] = end
-            lend[lk] = end
-            for j in range(sptr[t], sptr[t + 1]):
-                s = succ[j]
-                if a_sp[s] < sp:             # first producer from this sub-pipeline
-                    if a_e[s] > b_e[s]:
-                        b_e[s] = a_e[s]
-                    a_sp[s] = sp
-                    a_s[s] = start
-                    a_e[s] = end
-                else:
-                    if start > a_s[s]:
-                        a_s[s] = start
-                    if end > a_e[s]:
-                        a_e[s] = end
-                indeg[s] -= 1
-                if not indeg[s]:
-                    new.append(s)
-                    heappush(lheap[link[s]], (a_e[s] if a_e[s] > b_e[s] else b_e[s], s))
-        self.order.extend(take)
-        if len(new) > 1:
-            new.sort()
-        self.cand[c] = new
-        self.remaining[c] -= len(take)
-        return len(take)
-
-
 def hpds(alg: Algorithm, dag: DependencyDAG, *, engine: str = "auto") -> Schedule:
     """Schedule ``alg``'s tasks into sub-pipelines with HPDS (see the module docstring).
 
-    ``engine``: ``"python"`` (the list scheduler below), ``"compiled"`` (the same schedule from
-    :mod:`hccc.compiler.passes.hpds_kernel`, numba-compiled; needs numba) or ``"auto"`` (compiled
-    from ``hpds_kernel.COMPILED_FROM`` tasks on when numba is installed, ``HCCC_JIT`` overriding:
-    :class:`~hccc.util.jit.Kernels`)."""
+    ``engine``: ``"python"`` (the kernel of :mod:`hccc.compiler.passes.hpds_kernel` run by the
+    interpreter), ``"compiled"`` (the kernel numba-compiled; needs numba) or ``"auto"`` (plain below
+    ``hpds_kernel.COMPILED_FROM`` tasks of the process, compiled from there on when numba is
+    installed, ``HCCC_JIT`` overriding: :meth:`~hccc.util.jit.Kernels.pick`): the same schedule."""
     if engine not in ("auto", "python", "compiled"):
         raise ValueError(f"unknown HPDS engine {engine!r} (expected auto, python or compiled)")
+    kernels = hpds_kernel.KERNELS
     if engine == "compiled":
-        return _hpds_compiled(alg, dag, hpds_kernel.KERNELS.require("hpds_arrays"))
-    if engine == "auto":
-        kernel = hpds_kernel.KERNELS.compiled_for("hpds_arrays", dag.ntasks)
-        if kernel is not None:
-            return _hpds_compiled(alg, dag, kernel)
-    st = _TimedChunkScheduler(alg, dag)
-    prio = [0] * st.nchunks
-    remaining = st.remaining
-    while not st.done():
-        before = len(st.order)
-        heap = [(-prio[c], c) for c in range(st.nchunks) if remaining[c]]
-        heapq.heapify(heap)
-        visit = st.visit
-        while heap:
-            negp, c = heap[0]
-            if visit(c):
-                prio[c] -= 1
-                heapq.heapreplace(heap, (negp + 1, c))
-            else:
-                heapq.heappop(heap)
-        if len(st.order) == before:  # cannot happen on a DAG; guards against an endless loop
-            raise RuntimeError("HPDS made no progress: the dependency graph has a cycle")
-        st.close_subpipeline()
-    return st.result("hpds")
+        kernel = kernels.require("hpds_arrays")
+    elif engine == "python":
+        kernel = hpds_kernel.hpds_arrays
+    else:
+        kernel = kernels.pick("hpds_arrays", dag.ntasks)
+    return _hpds_arrays(alg, dag, kernel)
 
 
-def _hpds_compiled(alg: Algorithm, dag: DependencyDAG, hpds_arrays) -> Schedule:
-    """:func:`hpds` through the compiled array kernel ``hpds_arrays``: the same inputs as the list
-    scheduler builds, as arrays."""
+def _hpds_arrays(alg: Algorithm, dag: DependencyDAG, hpds_arrays) -> Schedule:
+    """:func:`hpds` through ``hpds_arrays`` (the kernel, plain or compiled): its inputs as arrays."""
     n = dag.ntasks
     if alg.ntransfers != n:
         raise ValueError(f"DAG has {n} tasks but the algorithm has {alg.ntransfers} transfers")

@@ -1,8 +1,8 @@
-"""HPDS over flat arrays, compiled with numba: the same schedule as ``hpds.py``'s list-based
-scheduler (Algorithm 1 with rule *I7*, see that module's docstring), for programs of millions of tasks.
+"""HPDS over flat arrays: Algorithm 1 with rule *I7* (see ``hpds.py``'s docstring), the one
+scheduler of :func:`hccc.compiler.passes.hpds.hpds`, run by the interpreter for small programs and
+compiled with numba for large ones (:meth:`~hccc.util.jit.Kernels.pick`), up to millions of tasks.
 
-The list-based scheduler spends ~5 us of interpreter time per task; this kernel is the same
-procedure, step for step, over preallocated arrays, so numba compiles it to machine code:
+The procedure over preallocated arrays, so numba compiles it to machine code:
 
 - internal task ids are sorted by ``(chunk, step, row)``, so chunk ``c`` owns the id range
   ``cstart[c]:cstart[c+1]``; its ready-not-examined list (``cand``) and its parked list (``park``)
@@ -10,30 +10,29 @@ procedure, step for step, over preallocated arrays, so numba compiles it to mach
   tasks of chunk ``c`` ever are: dependency edges never leave a chunk);
 - each link's heap of ``(ready time, task)`` is a segment of two flat arrays at the link's offset
   (every task enters its link's heap exactly once, when it becomes ready), with lazy deletion of
-  scheduled tasks, as ``heapq`` does there;
+  scheduled tasks;
 - the chunk queue is a binary heap of ``-priority * nchunks + chunk`` (the order of the
   ``(-priority, chunk)`` tuples).
 
 Only the minimum of each heap is ever used and heap keys are unique, so the heap implementation
-does not influence the result; the floating-point clock is computed with the same operations in
-the same order. ``tests/test_schedulers.py`` checks both schedulers against a literal reading of
-Algorithm 1. Without numba the kernel is not used (:data:`HAVE_NUMBA`).
+does not influence the result. ``tests/test_schedulers.py`` checks it, plain and compiled, against
+a literal reading of Algorithm 1.
 
-Why the list scheduler stays beside this kernel instead of running it as plain Python below the
-threshold: the interpreter runs this function 3.4-3.8x slower than the list scheduler (numpy
-scalar indexing and float64 scalars cost more than list items and Python floats), while numba
-runs it 15x faster at 32,512 tasks. Measured with ``benchmarks/twins.py`` (HM AllReduce on N x 8 GPUs; a 2-core machine under a load
-of about 25, so the figures are slow but the ratios hold), seconds:
+Why no plain-Python formulation beside it: a list-based scheduler of the same procedure ran
+3.5-19x faster than this kernel as plain Python, but that is milliseconds on the examples, while
+compiled the kernel is 12-90x faster than the list scheduler. Measured with
+``benchmarks/twins.py`` (HM AllReduce on N x 8 GPUs; a 2-core machine under a load of about 13,
+so the figures are slow but the ratios hold), seconds:
 
 ==========  =================  ===============  ===============
 tasks       list scheduler     kernel, plain    kernel, compiled
 ==========  =================  ===============  ===============
-1,984       0.090              0.339            0.0007
+480         0.0011             0.0200           0.0001
+1,984       0.0258             0.0895           0.0003
 32,512      2.23               7.52             0.147
 ==========  =================  ===============  ===============
 
-So the list scheduler runs below :data:`COMPILED_FROM` tasks and wherever numba is missing, this
-kernel compiled above it (:class:`~hccc.util.jit.Kernels`).
+(the last row from an earlier run under a load of about 25.)
 """
 from __future__ import annotations
 
@@ -44,7 +43,8 @@ from hccc.util.kernel_sort import COMPILED as SORTS, sort_range
 
 HAVE_NUMBA = have_numba()
 
-#: Rule I7's clock (hpds.py's _SLICE and _EPS)
+#: Rule I7's clock: a task lasts 1; a task pipelined behind a producer of its own sub-pipeline
+#: starts, and ends at the earliest, this long after the producer (one micro-batch of ~16)
 SLICE = 1.0 / 16
 EPS = 1e-9
 
@@ -175,7 +175,7 @@ def hpds_arrays(sptr, succ, indeg, link, cstart, nlinks):
         while qn:
             top = q[0]
             c = top % nchunks
-            # ---- visit chunk c (hpds.py _TimedChunkScheduler.visit)
+            # ---- visit chunk c: take its ready tasks whose links are free (rule I7)
             base = cstart[c]
             ntake = 0
             for i in range(cand_len[c]):
@@ -277,8 +277,9 @@ def hpds_arrays(sptr, succ, indeg, link, cstart, nlinks):
     return sp_of, order, True
 
 
-#: from this many tasks on, :func:`hccc.compiler.passes.hpds.hpds` runs the compiled kernel instead
-#: of its list scheduler (:meth:`~hccc.util.jit.Kernels.compiled_for`)
+#: once a process has scheduled this many tasks (a tenth of it where numba's cache of the kernels
+#: is on disk), :func:`hccc.compiler.passes.hpds.hpds` runs the kernel compiled, before that plain
+#: (:meth:`~hccc.util.jit.Kernels.pick`)
 COMPILED_FROM = 100_000
 KERNELS = Kernels(globals(), ["_less", "_lheap_push", "_lheap_pop", "_qheap_sift_down", "hpds_arrays"],
                   min_work=COMPILED_FROM, compiled_globals={"sort_range": SORTS["sort_range"]})

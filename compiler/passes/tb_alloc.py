@@ -24,9 +24,10 @@ primitives.
   micro-batch ``i`` now waits for all of ``last(V)``'s micro-batches instead of its ``i``-th.
   Reachability is searched forward from ``last(V)`` over primitives whose order key does not
   exceed ``first(U)``'s (keys never decrease along the wait graph), and only on ranks where
-  interval partitioning would share at all. Programs whose ranks could ask many such questions
-  (tree programs give every rank a unit per peer and direction) ask them in the compiled kernel
-  of :mod:`hccc.compiler.passes.tb_share_kernel`, which gives the same tracks.
+  interval partitioning would share at all, by the kernel of
+  :mod:`hccc.compiler.passes.tb_share_kernel`: run by the interpreter for programs whose ranks ask
+  few such questions, compiled for those that ask many (tree programs give every rank a unit per
+  peer and direction).
 
 Local ``COPY`` primitives (never-written output chunks) use no connection and have no dependencies;
 they run first on TB 0. Within a TB, primitives run in order-key order (sub-pipeline, then insertion
@@ -156,7 +157,7 @@ def connection_units(low: LoweredProgram) -> tuple[np.ndarray, np.ndarray, np.nd
 
 class _WaitGraph:
     """Forward adjacency of the primitives' wait graph without TB sharing (see the module
-    docstring), built once per program when some rank could share, queried per unit pair."""
+    docstring) as CSR arrays, built once per program when some rank could share."""
 
     def __init__(self, low: LoweredProgram, unit: np.ndarray) -> None:
         c = low.cols
@@ -186,28 +187,6 @@ class _WaitGraph:
         self.ptr_array = np.searchsorted(es[order], np.arange(n + 1)).astype(np.int64)
         self.adj_array = ed[order]
         self.key_array = np.asarray(low.key, dtype=np.int64)
-        self.ptr = self.ptr_array.tolist()
-        self.adj = self.adj_array.tolist()
-        self.key = self.key_array.tolist()
-
-    def reaches(self, a: int, b: int) -> bool:
-        """Whether primitive ``b`` (transitively) waits for primitive ``a``."""
-        if a == b:
-            return True
-        kb = self.key[b]
-        ptr, adj, key = self.ptr, self.adj, self.key
-        seen = {a}
-        stack = [a]
-        while stack:
-            x = stack.pop()
-            for j in range(ptr[x], ptr[x + 1]):
-                y = adj[j]
-                if y == b:
-                    return True
-                if y not in seen and key[y] <= kb:
-                    seen.add(y)
-                    stack.append(y)
-        return False
 
 
 def _unit_ends(low: LoweredProgram, unit: np.ndarray, nunits: int) -> tuple[np.ndarray, np.ndarray]:
@@ -220,59 +199,32 @@ def _unit_ends(low: LoweredProgram, unit: np.ndarray, nunits: int) -> tuple[np.n
     return o[starts], o[ends]
 
 
-def share_when_free(start, end, first, last, reaches) -> tuple[np.ndarray, int]:
-    """Tracks (TBs) for units with spans ``[start, end]``: a unit reuses the lowest-numbered track
-    whose last unit ``v`` ended before it starts and ``reaches(last[v], first[u])`` holds, else it
-    opens a new track. Returns (track per unit, number of tracks). Deterministic."""
-    start = np.asarray(start, dtype=np.int64)
-    end = np.asarray(end, dtype=np.int64)
-    n = len(start)
-    track = np.empty(n, dtype=np.int64)
-    tail: list[int] = []          # last unit of each track
-    s_l, e_l = start.tolist(), end.tolist()
-    for u in lexsort((np.arange(n), end, start)).tolist():
-        for k, v in enumerate(tail):
-            if e_l[v] < s_l[u] and reaches(int(last[v]), int(first[u])):
-                break
-        else:
-            k = len(tail)
-            tail.append(u)
-        tail[k] = u
-        track[u] = k
-    return track, len(tail)
-
-
 def _share(low: LoweredProgram, unit, urank, ustart, uend, bounds, sharing: list[int], state_tb,
            state_count) -> None:
-    """State-based tracks of the units of the ranks ``sharing`` (:func:`share_when_free` with the
-    wait graph's reachability), into ``state_tb`` and ``state_count``: by the compiled kernel of
-    :mod:`hccc.compiler.passes.tb_share_kernel` when the ranks could ask many reachability
-    questions, else rank by rank here."""
+    """State-based tracks of the units of the ranks ``sharing`` (the module docstring: sweeping
+    each rank's units by span start, a unit takes the lowest-numbered track whose last unit ended
+    before it starts and whose last primitive its first primitive waits for, else a new track),
+    into ``state_tb`` and ``state_count``, by :mod:`hccc.compiler.passes.tb_share_kernel`: plain
+    while the process's unit pairs stay below its threshold, compiled from there on
+    (:meth:`~hccc.util.jit.Kernels.pick`)."""
     from hccc.compiler.passes import tb_share_kernel as kern
 
     nunits = len(urank)
     graph = _WaitGraph(low, unit)
     first, last = _unit_ends(low, unit, nunits)
     sizes = (bounds[1:] - bounds[:-1])[sharing]
-    compiled = kern.KERNELS.compiled_for("share_tracks", int((sizes * sizes).sum() // 2))
-    if compiled is None:
-        for r in sharing:
-            lo, hi = int(bounds[r]), int(bounds[r + 1])
-            tr, k = share_when_free(ustart[lo:hi], uend[lo:hi], first[lo:hi], last[lo:hi], graph.reaches)
-            state_tb[lo:hi] = tr
-            state_count[r] = k
-        return
-    labels = kern.KERNELS.compiled()["interval_labels"]
+    share_tracks = kern.KERNELS.pick("share_tracks", int((sizes * sizes).sum() // 2))
+    labels = kern.interval_labels if share_tracks is kern.share_tracks else kern.KERNELS.compiled()["interval_labels"]
     ptr, adj = graph.ptr_array, graph.adj_array
     post1, low1, ok1 = labels(ptr, adj, False)
     post2, low2, ok2 = labels(ptr, adj, True)
-    # the sweep order of share_when_free, every rank at once (units are numbered by rank)
+    # the sweep order: by rank, span start, span end, unit (units are numbered by rank)
     order = lexsort((np.arange(nunits), uend, ustart, urank)).astype(np.int64)
     track = np.zeros(nunits, dtype=np.int64)
     count = np.zeros(len(bounds) - 1, dtype=np.int64)
-    compiled(order, bounds.astype(np.int64), np.asarray(sharing, dtype=np.int64), ustart, uend,
-             first.astype(np.int64), last.astype(np.int64), ptr, adj, graph.key_array,
-             post1, low1, post2, low2, bool(ok1 and ok2), track, count)
+    share_tracks(order, bounds.astype(np.int64), np.asarray(sharing, dtype=np.int64), ustart, uend,
+                 first.astype(np.int64), last.astype(np.int64), ptr, adj, graph.key_array,
+                 post1, low1, post2, low2, bool(ok1 and ok2), track, count)
     for r in sharing:
         lo, hi = int(bounds[r]), int(bounds[r + 1])
         state_tb[lo:hi] = track[lo:hi]
@@ -368,5 +320,5 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
     return ir
 
 
-__all__ = ["partition_intervals", "share_when_free", "max_overlap", "connection_units", "dense_ids",
+__all__ = ["partition_intervals", "max_overlap", "connection_units", "dense_ids",
            "allocate"]

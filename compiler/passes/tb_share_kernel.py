@@ -1,6 +1,7 @@
-"""State-based thread-block sharing over flat arrays, compiled with numba: the same tracks as
-:func:`hccc.compiler.passes.tb_alloc.share_when_free` with the wait graph's ``reaches``, for every
-rank of a program in one call.
+"""State-based thread-block sharing over flat arrays: the tracks of
+:func:`hccc.compiler.passes.tb_alloc.allocate`'s state-based mode (its module docstring) for every
+sharing rank of a program in one call, run by the interpreter for small programs and compiled with
+numba for large ones (:meth:`~hccc.util.jit.Kernels.pick`).
 
 Why a kernel: a rank with ``m`` allocation units asks up to ``m^2/2`` reachability questions, and
 tree programs give every rank a unit per peer and direction (``m = 2(N-1)``): 64 ranks ask some
@@ -13,13 +14,15 @@ for two depth-first traversals in opposite child orders, as GRAIL does): if ``b`
 from ``a`` then ``post[b] <= post[a]`` and ``low[a] <= low[b]`` in every labelling, so a pair
 that fails this is unreachable without a search. The labels only exist for an acyclic graph (a
 lowering with fusion can deadlock before its back-off; then every question is searched). The
-search itself is the list version's: forward from ``a`` over primitives whose order key does not
-exceed ``b``'s. So both give the same tracks; ``tests/test_tb_alloc.py`` holds them to it.
+search itself goes forward from ``a`` over primitives whose order key does not exceed ``b``'s.
+``tests/test_tb_alloc.py`` holds the tracks to a networkx oracle of the definition.
 
-Why the list version stays beside this kernel instead of running it as plain Python below the
-threshold: over numpy arrays the interpreter is several times slower than over lists, and small
-programs (the examples, the tests) ask only hundreds of questions, where numba's compile (or
-loading its cache) would cost more than the questions.
+Why no plain-Python formulation beside it: a list version (Python lists and sets, no labels) ran
+2.2-2.3x faster than this kernel as plain Python, where both take well under a second
+(``benchmarks/twins.py``, HM AllReduce, seconds of the state-based allocation on a 2-core machine
+under a load of about 13: 2 x 8 GPUs 0.020 against 0.046, 4 x 8 GPUs 0.31 against 0.67), while
+compiled the kernel is 12x faster than that list version there and the only one that finishes
+256-rank tree programs (tens of millions of questions) in seconds.
 """
 from __future__ import annotations
 
@@ -82,8 +85,8 @@ def interval_labels(ptr, adj, reverse):
 
 def share_tracks(order, rank_ptr, todo, ustart, uend, first, last, ptr, adj, key,
                  post1, low1, post2, low2, use_labels, track, count):
-    """Tracks of the units of every rank in ``todo`` (``tb_alloc.share_when_free`` with the wait
-    graph's reachability): ``order[rank_ptr[r]:rank_ptr[r+1]]`` are rank ``r``'s units in sweep
+    """Tracks of the units of every rank in ``todo`` (the state-based sharing of ``tb_alloc``'s
+    module docstring): ``order[rank_ptr[r]:rank_ptr[r+1]]`` are rank ``r``'s units in sweep
     order (span start, span end, unit); ``track[u]`` and ``count[r]`` are written."""
     n = key.shape[0]
     seen = np.zeros(n, np.int64)
@@ -142,14 +145,14 @@ def share_tracks(order, rank_ptr, todo, ustart, uend, first, last, ptr, adj, key
         count[r] = nt
 
 
-#: from this many unit pairs a sharing rank could ask about (``m^2/2`` summed over the ranks),
-#: :func:`hccc.compiler.passes.tb_alloc.allocate` runs the compiled kernel instead of its list
-#: version (:meth:`~hccc.util.jit.Kernels.compiled_for`)
+#: once a process's sharing ranks could have asked about this many unit pairs (``m^2/2`` summed
+#: over the ranks), :func:`hccc.compiler.passes.tb_alloc.allocate` runs the kernel compiled, before
+#: that plain (:meth:`~hccc.util.jit.Kernels.pick`)
 COMPILED_FROM = 200_000
 #: the same where numba's cache of these kernels is on disk (loading it, not compiling): the step
 #: search's programs on the held-out 64-GPU cluster (``benchmarks/synth_quality.py --asym 1``,
 #: ``hccc synth --method search``) give 24,000-25,000 pairs per build (four builds, one command),
-#: whose reachability questions cost the list version more than loading the kernel does
+#: whose reachability questions cost the plain run more than loading the kernel does
 #: (docs/archive/measurements-log.md#synthesis-speed-at-64-gpus-the-seconds-cut-no-gpu)
 COMPILED_FROM_CACHED = 20_000
 KERNELS = Kernels(globals(), ["interval_labels", "share_tracks"], min_work=COMPILED_FROM,
