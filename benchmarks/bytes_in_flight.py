@@ -9,7 +9,7 @@ the shared-memory loads (``v4``: the engine the fifth GPU run measured, every ve
 ``engine_shape.ASYNC_VECTORS`` vectors through shared memory, cp.async, where the buffer has room
 for every data thread; HIP runs the v4 shape), from
 :func:`hccc.compiler.passes.kernel_cost.block_bytes_in_flight` and ``block_bytes_per_round``
-(:mod:`hccc.compiler.backend.engine_shape`): the bytes of loads in flight, the bytes stored per
+(:mod:`hccc.compiler.ir.engine_shape`): the bytes of loads in flight, the bytes stored per
 round of loads, and the bandwidth Little's law predicts for that round at the round trip the fifth
 run's copy rate implies (``kernel_cost.LOAD_ROUND_TRIP_SECONDS``). The predicted column is a
 prediction: no run has measured a v5 row, and the v4 rows reproduce the fifth run only at 16

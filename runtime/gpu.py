@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hccc.compiler.backend.codegen import WARP_SIZE
-from hccc.compiler.backend.engine_shape import async_threads
+from hccc.compiler.ir.engine_shape import async_threads
 from hccc.runtime import cache
 from hccc.util import dtypes as dtypes_table
 from hccc.runtime.gpu_calls import call_error, guard

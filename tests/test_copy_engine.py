@@ -28,7 +28,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.backend import engine_shape
+from hccc.compiler.ir import engine_shape
 from hccc.runtime.reference import round_bf16
 from hccc.util import dtypes as dtypes_table
 

@@ -554,7 +554,7 @@ def test_round_trip_is_the_fifth_runs_rate_at_the_v4_shape():
 
 def test_async_threads_of_the_runtimes_modules():
     """HCCC_ASYNC_THREADS of a module: the emitted block's data threads, at most the buffer's 480."""
-    from hccc.compiler.backend.engine_shape import ASYNC_THREADS, async_threads
+    from hccc.compiler.ir.engine_shape import ASYNC_THREADS, async_threads
     assert ASYNC_THREADS == _rendered_loads()["HCCC_ASYNC_THREADS"] == 480
     assert [async_threads(n, 32) for n in (32, 64, 96, 512, 1024)] == [0, 32, 64, 480, 480]
     assert async_threads(256, 64) == 192

@@ -19,7 +19,7 @@ from hccc.compiler.ir.program_ir import Op
 from hccc.compiler.passes import kernel_cost as kc
 from hccc.runtime.sim_model import unit_costs
 from hccc.runtime.simulator import prepare, simulate
-from test_simulator import MiB, cluster, hand_ir, single_transfer_ir
+from sim_programs import MiB, cluster, hand_ir, single_transfer_ir
 
 US = 1e-6
 

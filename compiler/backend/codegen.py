@@ -24,7 +24,8 @@ import numpy as np
 
 from hccc.compiler.backend.file_sink import FileSink
 from hccc.compiler.backend.output_dir import MANIFEST_SCHEMA
-from hccc.compiler.backend import abi, engine_shape
+from hccc.compiler.backend import abi
+from hccc.compiler.ir import engine_shape
 from hccc.compiler.backend.prim_fields import pd_columns
 from hccc.compiler.ir.check import check_fifo_order, check_structure
 from hccc.compiler.ir.connections import match_connections

@@ -41,7 +41,7 @@ kernel generation's unit-level figures on one card:
 
 **Bytes in flight** (:func:`block_bytes_in_flight`, :func:`block_bytes_per_round`): what one
 block's copy engine has loaded and not yet stored, counted from the engine's structure
-(:mod:`hccc.compiler.backend.engine_shape`: the vectors a data thread loads before its first
+(:mod:`hccc.compiler.ir.engine_shape`: the vectors a data thread loads before its first
 store, in registers and, on CUDA sm_90, through shared memory; every warp but the sync
 warp moves data), not measured. With the round trip the fifth run's
 copy rate implies for the v4 engine by Little's law (:data:`LOAD_ROUND_TRIP_SECONDS`), a block's
@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hccc.compiler.backend.engine_shape import ASYNC_THREADS, VECTOR_BYTES, vectors_per_source
+from hccc.compiler.ir.engine_shape import ASYNC_THREADS, VECTOR_BYTES, vectors_per_source
 from hccc.compiler.ir.program_ir import Op
 
 __all__ = ["UNIT_WARPS", "UNIT_US", "COPY_UNIT_KIB", "COPY_GBS", "FLAG_ROUND_TRIP_US", "LL_DATA_FRACTION",
@@ -278,7 +278,7 @@ def block_gbps_at(block_gbps: float, nwarps: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# bytes in flight: the engine's structure (hccc.compiler.backend.engine_shape), not a measurement
+# bytes in flight: the engine's structure (hccc.compiler.ir.engine_shape), not a measurement
 # ---------------------------------------------------------------------------------------------
 def _data_threads_and_vectors(warps: int, reduces: bool, warp: int, async_loads: bool) -> tuple[int, int]:
     """(data threads, vectors each loads from one source before its first store) of a block of
