@@ -54,6 +54,8 @@ from hccc.runtime.hip import hip_flags
 from hccc.runtime.platform import Instance
 
 from conftest import require_tool
+from kernel_asm import CALLEES, SASS_LOCAL, sass_functions
+from kernel_asm import nvdisasm as _nvdisasm
 
 #: compiles every instantiation for sm_90 and gfx90a to inspect the code (minutes on 2 cores): CI runs it
 pytestmark = pytest.mark.slow
@@ -394,10 +396,6 @@ def test_cuda_ll_lines_are_single_16_byte_accesses(sources):
     assert not re.search(r"\b(?:ld|st)\.local\b", text), "the engine touches the stack"
 
 
-#: the only functions the engine calls: once a block, once a primitive (or, in an AllToAll
-#: program's engine, once a unit round of an AllToAllv primitive over HCCC_UNIT_PIECES chunks: its
-#: hccc_v_round is called from hccc_sprim_load), on a timeout
-CALLEES = ("hccc_launch_init", "hccc_sprim_load", "hccc_report_stuck")
 
 
 @pytest.mark.parametrize("single", [False, True])
@@ -408,35 +406,6 @@ def test_the_per_unit_path_calls_nothing_and_divides_nothing_in_ptx(sources, sin
         targets = re.findall(r"^\s*call(?:\.uni)?\s+(?:\([^)]*\),\s*)?(\w+)", text, flags=re.M)
         assert targets and all(any(c in t for c in CALLEES) for t in targets), targets
         assert not re.search(r"\b(?:div|rem)\.[su]64\b", text), "a 64-bit division in the engine"
-
-
-def _nvdisasm() -> str | None:
-    import shutil
-    exe = shutil.which("nvdisasm")
-    if exe:
-        return exe
-    try:
-        import nvidia
-        for root in nvidia.__path__:
-            for cand in Path(root).glob("*/bin/nvdisasm"):
-                return str(cand)
-    except ImportError:
-        pass
-    return None
-
-
-def sass_functions(text: str) -> dict[str, list[str]]:
-    """nvdisasm output -> function (entry or ``$entry$callee``) -> its instruction lines."""
-    out: dict[str, list[str]] = {}
-    name = None
-    for line in text.splitlines():
-        m = re.match(r"^\s*(?:\.text\.)?(\$?[\w$]+):\s*$", line)
-        if m and not m.group(1).startswith(".L"):
-            name = m.group(1)
-            out.setdefault(name, [])
-        elif name is not None and re.search(r"/\*[0-9a-f]{4,}\*/", line):
-            out[name].append(line)
-    return out
 
 
 def test_the_per_unit_path_calls_nothing_and_divides_nothing_in_sass(sources, tmp_path):
@@ -471,7 +440,6 @@ def test_the_per_unit_path_calls_nothing_and_divides_nothing_in_sass(sources, tm
 
 #: SASS: a load from global (or generic) memory, an L1 invalidation, a call, local memory (the stack)
 SASS_GLOBAL_LOAD = re.compile(r"\b(?:LDG|LD)(?:\.[\w.]+)?\s")
-SASS_LOCAL = re.compile(r"\b(?:LDL|STL)\b")
 #: a posted flag: a strong 64-bit store to global memory (relaxed st at gpu / sys scope)
 SASS_FLAG_STORE = re.compile(r"\bSTG\.E\.64\.STRONG\.(?:GPU|SYS)\b")
 
