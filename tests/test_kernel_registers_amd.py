@@ -149,7 +149,7 @@ def _build(tmp_path: Path, example: str, dtype: str, op: str, single: bool, arch
 @pytest.mark.parametrize("single", [True, False])
 @pytest.mark.parametrize("dtype,op", [("float32", "sum"), pytest.param("bfloat16", "max", marks=BF16_MAX_SPILLS)])
 @pytest.mark.parametrize("example", ["ring_allreduce_8", "hm_allreduce_4x8"])
-def test_amd_kernels_keep_two_blocks_per_cu_no_spill_no_scratch_on_the_loop(tmp_path, example, dtype, op,
+def test_amd_kernels_keep_a_block_resident_no_spill_no_scratch_on_the_loop(tmp_path, example, dtype, op,
                                                                              single, arch):
     asm, man = _build(tmp_path, example, dtype, op, single, arch)
     meta = kernel_metadata(asm)
