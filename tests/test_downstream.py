@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -102,7 +103,7 @@ def test_downstream_builds_and_regenerates_on_the_cpu_toolchain(tmp_path, codege
     assert "hccc: generating ring_kernels" in res.stdout
     assert '"nwarps": 8' in (gen / "manifest.json").read_text()
     if codegen == "table":
-        assert "hccc_table.cu" not in res.stdout      # the generic kernels are not rebuilt
+        assert not re.search(r"hccc_table\w*\.cu\.o", res.stdout)   # the generic kernels are not rebuilt
     else:
         assert "HCCC_LAUNCH_BOUNDS(256)" in (gen / "ring_r0.cu").read_text()
         assert "ring_r0.cu.o" in res.stdout

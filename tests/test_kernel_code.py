@@ -61,6 +61,8 @@ from hccc.runtime.hip import hip_flags
 from hccc.runtime.platform import Instance
 
 from conftest import require_tool
+from kernel_asm import CALLEES, SASS_LOCAL, most_on_a_path, sass_cfg, sass_functions
+from kernel_asm import nvdisasm as _nvdisasm
 
 #: compiles every instantiation for sm_90 and gfx90a to inspect the code (minutes on 2 cores): CI runs it
 pytestmark = pytest.mark.slow
@@ -431,10 +433,6 @@ def test_cuda_ll_lines_are_single_16_byte_accesses(sources):
     assert not re.search(r"\b(?:ld|st)\.local\b", text), "the engine touches the stack"
 
 
-#: the only functions the engine calls: once a block, once a primitive (or, in an AllToAll
-#: program's engine, once a unit round of an AllToAllv primitive over HCCC_UNIT_PIECES chunks: its
-#: hccc_v_round is called from hccc_sprim_load), on a timeout
-CALLEES = ("hccc_launch_init", "hccc_sprim_load", "hccc_report_stuck")
 
 
 @pytest.mark.parametrize("single", [False, True])
@@ -445,101 +443,6 @@ def test_the_per_unit_path_calls_nothing_and_divides_nothing_in_ptx(sources, sin
         targets = re.findall(r"^\s*call(?:\.uni)?\s+(?:\([^)]*\),\s*)?(\w+)", text, flags=re.M)
         assert targets and all(any(c in t for c in CALLEES) for t in targets), targets
         assert not re.search(r"\b(?:div|rem)\.[su]64\b", text), "a 64-bit division in the engine"
-
-
-def _nvdisasm() -> str | None:
-    import shutil
-    exe = shutil.which("nvdisasm")
-    if exe:
-        return exe
-    try:
-        import nvidia
-        for root in nvidia.__path__:
-            for cand in Path(root).glob("*/bin/nvdisasm"):
-                return str(cand)
-    except ImportError:
-        pass
-    return None
-
-
-def sass_functions(text: str) -> dict[str, list[str]]:
-    """nvdisasm output -> function (entry or ``$entry$callee``) -> its instruction lines."""
-    out: dict[str, list[str]] = {}
-    name = None
-    for line in text.splitlines():
-        m = re.match(r"^\s*(?:\.text\.)?(\$?[\w$]+):\s*$", line)
-        if m and not m.group(1).startswith(".L"):
-            name = m.group(1)
-            out.setdefault(name, [])
-        elif name is not None and re.search(r"/\*[0-9a-f]{4,}\*/", line):
-            out[name].append(line)
-    return out
-
-
-def sass_cfg(text: str, part: str) -> tuple[list[str], dict[str, int]]:
-    """nvdisasm output -> the instructions of the first function whose name holds ``part`` (their
-    text, predicate included) and where each of its labels (``.L_x_N``) points."""
-    ins: list[str] = []
-    labels: dict[str, int] = {}
-    take = False
-    for line in text.splitlines():
-        m = re.match(r"^\s*(?:\.text\.)?(\$?[\w$]+):\s*$", line)
-        if m and not m.group(1).startswith(".L"):
-            if ins:
-                break
-            take = part in m.group(1)
-            continue
-        if not take:
-            continue
-        m = re.match(r"^\s*(\.L_x_\d+):", line)
-        if m:
-            labels[m.group(1)] = len(ins)
-        elif re.search(r"/\*[0-9a-f]{4,}\*/", line):
-            ins.append(line.split("*/", 1)[1].split(";")[0].strip())
-    return ins, labels
-
-
-def sass_successors(ins: list[str], labels: dict[str, int], i: int) -> list[int]:
-    """Where control goes after instruction i: a branch's target (and the next instruction where
-    it is predicated, or a divergence test), nowhere after an unpredicated EXIT / RET."""
-    x = ins[i]
-    if re.search(r"\b(?:EXIT|RET)\b", x) and not x.startswith("@"):
-        return []
-    m = re.search(r"\bBRA(?:\.\w+)*\s+(?:\w+,\s*)?`\((\.L_x_\d+)\)", x)
-    if m:
-        t = labels[m.group(1)]
-        return [t, i + 1] if x.startswith("@") or ".DIV" in x else [t]
-    return [i + 1] if i + 1 < len(ins) else []
-
-
-def most_on_a_path(ins: list[str], labels: dict[str, int], start: int, stop, count, dead=lambda x: False):
-    """The most instructions ``count`` matches on a path of the control flow from ``start``
-    (exclusive) to an instruction ``stop`` matches, through none ``dead`` matches: inf where a
-    loop on such a path holds one, None where no path gets there."""
-    g = nx.DiGraph()
-    todo, seen = [start], {start}
-    while todo:
-        i = todo.pop()
-        for j in sass_successors(ins, labels, i):
-            if stop(ins[j]):
-                g.add_edge(i, "end")
-            elif not dead(ins[j]):
-                g.add_edge(i, j)
-                if j not in seen:
-                    seen.add(j)
-                    todo.append(j)
-    if "end" not in g:
-        return None
-    g = g.subgraph(nx.ancestors(g, "end") | {"end"})
-    dag = nx.condensation(g)
-    most: dict[int, float] = {}
-    for k in reversed(list(nx.topological_sort(dag))):
-        members = dag.nodes[k]["members"]
-        n = sum(1 for v in members if v not in ("end", start) and count(ins[v]))
-        looped = len(members) > 1 or any(g.has_edge(v, v) for v in members)
-        here = float("inf") if looped and n else n
-        most[k] = here + max((most[s] for s in dag.successors(k)), default=0)
-    return most[dag.graph["mapping"][start]]
 
 
 def test_the_per_unit_path_calls_nothing_and_divides_nothing_in_sass(sources, tmp_path):
@@ -574,7 +477,6 @@ def test_the_per_unit_path_calls_nothing_and_divides_nothing_in_sass(sources, tm
 
 #: SASS: a load from global (or generic) memory, an L1 invalidation, a call, local memory (the stack)
 SASS_GLOBAL_LOAD = re.compile(r"\b(?:LDG|LD)(?:\.[\w.]+)?\s")
-SASS_LOCAL = re.compile(r"\b(?:LDL|STL)\b")
 #: a posted flag: a strong 64-bit store to global memory (relaxed st at gpu / sys scope)
 SASS_FLAG_STORE = re.compile(r"\bSTG\.E\.64\.STRONG\.(?:GPU|SYS)\b")
 

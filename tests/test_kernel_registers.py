@@ -7,6 +7,8 @@ on-timeout functions it calls) spills nothing, and a kernel's cumulative stack i
 STACK_BYTES: the engine's state lives in registers and shared memory, not in local memory (the v3
 kernels kept a 592-728-byte frame, which a full grid pushed out of L2:
 docs/archive/measurements-log.md#the-third-gpu-run-one-nvidia-h200-every-rank-on-it).
+The machine code (nvdisasm, sm_90) of the same builds uses no local memory in any function, and the
+engine calls nothing on its per-unit path but the three functions kernel_asm.CALLEES names.
 Checked for ring AllReduce 8 and HM AllReduce 4x8, each float32 sum and bfloat16 max, every rank and
 the one-grid entry, in single-GPU and system-scope builds (and ring AllReduce 8 float32 sum built
 with ``-DHCCC_SYNC_POSTS=1``, the sync lane posting every unit), and for direct AllToAll 8 (float32), whose
@@ -17,6 +19,7 @@ too."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -30,6 +33,7 @@ from hccc.runtime.gpu import translation_unit
 from hccc.runtime.platform import Instance
 
 from conftest import require_tool
+from kernel_asm import CALLEES, SASS_LOCAL, nvdisasm, sass_functions
 
 #: nvcc on the emitted kernels: tens of seconds each on 2 cores
 pytestmark = pytest.mark.slow
@@ -92,6 +96,29 @@ def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_pa
     for name, v in rep.items():
         assert v["spill_stores"] == 0 and v["spill_loads"] == 0, (name, v)
     assert any("hccc_run" in n for n in rep), sorted(rep)
+    _check_sass(src.with_suffix(".cubin"))
+
+
+def _check_sass(cubin: Path) -> None:
+    """The machine code (nvdisasm, sm_90) of every kernel in ``cubin``: no local memory (LDL /
+    STL) in any function, and the engine's calls go only to the once-per-block, once-per-primitive
+    and on-timeout functions (kernel_asm.CALLEES), none to a 64-bit division."""
+    tool = nvdisasm()
+    if tool is None:
+        if os.environ.get("HCCC_REQUIRE_COMPILERS"):
+            pytest.fail("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    dis = subprocess.run([tool, "-c", str(cubin)], capture_output=True, text=True, timeout=600)
+    assert dis.returncode == 0, dis.stderr[-2000:]
+    funcs = sass_functions(dis.stdout)
+    for name, body in funcs.items():
+        assert not any(SASS_LOCAL.search(x) for x in body), (name, [x for x in body if SASS_LOCAL.search(x)][:3])
+    engines = {n: b for n, b in funcs.items() if "hccc_runI" in n}
+    assert engines, sorted(funcs)[:20]
+    for name, body in engines.items():
+        calls = [re.search(r"CALL\S*\s+`?\(?([\w$]+)", x) for x in body if "CALL" in x]
+        targets = [m.group(1) for m in calls if m]
+        assert targets and all(any(c in t for c in CALLEES) for t in targets), (name, targets)
 
 
 @pytest.mark.parametrize("single", [True, False])
@@ -112,3 +139,4 @@ def test_table_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, sing
     for name, v in rep.items():
         assert v["spill_stores"] == 0 and v["spill_loads"] == 0, (name, v)
     assert any("hccc_v_round" in n for n in rep), sorted(rep)
+    _check_sass(src.with_suffix(".cubin"))

@@ -18,7 +18,7 @@ CODEGENS = ("specialized", "table")
 def planned_outputs(name: str, platforms: list, codegen: str = "specialized") -> list[str]:
     """Sorted file names ``generate`` (specialised) or ``generate_table`` (table) writes for a
     program ``name`` whose rank ``r`` gets the sources ``platforms[r]`` (a name or a tuple)."""
-    from hccc.compiler.backend.table_codegen import GENERIC_SOURCE, TABLE_HEADERS
+    from hccc.compiler.backend.table_codegen import GENERIC_SOURCE, LIBRARY_UNITS, TABLE_HEADERS
 
     if codegen not in CODEGENS:
         raise ValueError(f"unknown codegen {codegen!r} (expected one of {', '.join(CODEGENS)})")
@@ -27,6 +27,7 @@ def planned_outputs(name: str, platforms: list, codegen: str = "specialized") ->
     files = ["manifest.json", "CMakeLists.txt", "Makefile"]
     if codegen == "table":
         files += list(TABLE_HEADERS) + [f"{name}.table"] + [GENERIC_SOURCE[pl] for pl in present]
+        files += [src for pl in present for src in LIBRARY_UNITS[pl]]
     else:
         files += list(HEADERS) + [HOST_HEADER, f"{name}.ir.json"]
         files += [f"{name}_{pl}.{EXT[pl]}" for pl in present]
@@ -40,8 +41,8 @@ def planned_sources(name: str, platforms: list, codegen: str, platform: str) -> 
     """The translation units of ``platform``'s library among :func:`planned_outputs`: one per
     rank of that platform (specialised; the umbrella source that includes them all is left out, and
     so is the one-grid entry, which compiles only in one unit after every rank's source: the
-    runtime's single-GPU module) or the generic kernel source (table)."""
-    from hccc.compiler.backend.table_codegen import GENERIC_SOURCE
+    runtime's single-GPU module) or the generic kernels' units, one per element type (table)."""
+    from hccc.compiler.backend.table_codegen import LIBRARY_UNITS
 
     if platform not in PLATFORMS:
         raise ValueError(f"unknown platform {platform!r}")
@@ -50,7 +51,7 @@ def planned_sources(name: str, platforms: list, codegen: str, platform: str) -> 
     if not ranks:
         return []
     if codegen == "table":
-        return [GENERIC_SOURCE[platform]]
+        return list(LIBRARY_UNITS[platform])
     return [f"{name}_r{r}.{EXT[platform]}" for r in ranks]
 
 

@@ -29,8 +29,17 @@ TABLE_HEADERS = HEADERS + ("hccc_table.h",)
 GENERIC_SOURCE = {pl: f"hccc_table.{EXT[pl]}" for pl in PLATFORMS}
 GENERIC_LIBRARY = {pl: f"hccc_table_{pl}" for pl in PLATFORMS}
 GENERIC_KERNEL = "hccc_table"
+#: the libraries' translation units: one per element type (``hccc_table_<dtype>.cu``: the generic
+#: source with that type alone enabled, without the one-grid entries), so that ``make -jN`` builds in
+#: parallel; a build compiles the units of the element types it enables (HCCC_DTYPES)
+LIBRARY_UNITS = {pl: tuple(f"hccc_table_{dt}.{EXT[pl]}" for dt, _ in DTYPES) for pl in PLATFORMS}
 #: the generic one-grid entry (hccc_table_grid_args: every rank of a single-GPU run in one launch)
 GRID_KERNEL = "hccc_table_grid"
+
+
+def _unit_depends(platforms) -> list[str]:
+    """What every library unit includes: the headers and the generic sources."""
+    return list(TABLE_HEADERS) + [GENERIC_SOURCE[pl] for pl in PLATFORMS if pl in platforms]
 
 
 def table_sections(ir: ProgramIR, col=None, direct: str = "auto") -> list[bytes]:
@@ -83,8 +92,13 @@ def render_generic(env, platforms: list[str]) -> dict[str, str]:
             col_bytes=tf.COL.itemsize, tb_bytes=tf.TB.itemsize),
     }
     tpl = env.get_template("common/table_kernels.j2")
+    unit = env.get_template("common/table_unit.j2")
+    names = [dt for dt, _ in DTYPES]
     for pl in platforms:
         out[GENERIC_SOURCE[pl]] = tpl.render(version=VERSION, source=GENERIC_SOURCE[pl], platform=pl)
+        for dt, src in zip(names, LIBRARY_UNITS[pl]):
+            out[src] = unit.render(version=VERSION, source=src, platform=pl, generic=GENERIC_SOURCE[pl],
+                                   dtype=dt, others=[d for d in names if d != dt])
     return out
 
 
@@ -118,10 +132,10 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
             send_conns=col.send_conns[r], recv_conns=col.recv_conns[r],
             progress_slots=int(col.nprogress[r])))
     libraries = {pl: GENERIC_LIBRARY[pl] for pl in present}
-    sources = {pl: [GENERIC_SOURCE[pl]] for pl in present}
+    sources = {pl: list(LIBRARY_UNITS[pl]) for pl in present}
     build_ctx = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks,
                      platforms=present, libraries=libraries, sources=sources,
-                     headers=list(TABLE_HEADERS), codegen="table", dtypes=DTYPES, ops=REDOPS)
+                     headers=_unit_depends(present), codegen="table", dtypes=DTYPES, ops=REDOPS)
     written["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**build_ctx)
     written["Makefile"] = env.get_template("build/Makefile.j2").render(**build_ctx)
     written["manifest.json"] = manifest_text(
@@ -156,8 +170,8 @@ def write_generic_kernels(outdir: pathlib.Path) -> list[pathlib.Path]:
     files = render_generic(env, list(PLATFORMS))
     ctx = dict(version=VERSION, name="table", collective="any algorithm", nranks="any number of",
                platforms=list(PLATFORMS), libraries=dict(GENERIC_LIBRARY),
-               sources={pl: [GENERIC_SOURCE[pl]] for pl in PLATFORMS},
-               headers=list(TABLE_HEADERS), codegen="table", dtypes=DTYPES, ops=REDOPS)
+               sources={pl: list(LIBRARY_UNITS[pl]) for pl in PLATFORMS},
+               headers=_unit_depends(PLATFORMS), codegen="table", dtypes=DTYPES, ops=REDOPS)
     files["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**ctx)
     files["Makefile"] = env.get_template("build/Makefile.j2").render(**ctx)
     paths = []
@@ -173,4 +187,4 @@ def write_generic_kernels(outdir: pathlib.Path) -> list[pathlib.Path]:
 
 
 __all__ = ["generate_table", "write_generic_kernels", "table_sections", "render_generic", "TABLE_HEADERS", "GENERIC_SOURCE",
-           "GENERIC_LIBRARY", "GENERIC_KERNEL"]
+           "GENERIC_LIBRARY", "GENERIC_KERNEL", "LIBRARY_UNITS"]

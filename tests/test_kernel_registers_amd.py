@@ -1,0 +1,214 @@
+"""Registers, spills, scratch and calls of the HIP kernels, from the device assembly (hipcc -S) for
+gfx90a (CDNA2, wave64) and gfx1030 (RDNA2, wave32).
+
+For ring AllReduce 8 and HM AllReduce 4x8, float32 sum and bfloat16 max, single-GPU and
+system-scope builds, every rank kernel and the one-grid entry:
+
+* no spill: the code object's metadata (``amdhsa.kernels``) gives ``.sgpr_spill_count`` and
+  ``.vgpr_spill_count`` 0 for every kernel;
+* a block of the manifest's threads (1,024: 16 wave64 on gfx90a, 32 wave32 on gfx1030) resident
+  on a compute unit: the compiler's occupancy (``; Occupancy:``, waves per SIMD, which its register
+  use sets) is at least what one block puts on each SIMD (:func:`waves_per_simd`). (Not NVIDIA's
+  64 registers: the register files differ. gfx90a keeps 64 VGPRs and moves the rest to AGPRs,
+  measured 96 in all, occupancy 5 of the 4 needed; gfx1030 120, occupancy 8 of 8.)
+* the private segment (scratch) is the engine's call frame only, at most :data:`STACK_BYTES`
+  (the kernels call the engine ``hccc_run``, which saves the registers it must keep across its
+  own calls there: measured 208-224 bytes with ROCm 5.2);
+* the per-unit path calls nothing but the once-per-primitive ``hccc_sprim_load`` and, on a
+  timeout, ``hccc_report_stuck`` (no ``s_swappc`` / ``s_call`` to anything else), and touches no
+  scratch: no ``scratch_*`` or private ``buffer_*`` access in any block of the engine the
+  compiler places in a loop (its own loop annotations: ``; in Loop:``, ``Loop Header``).
+
+bfloat16 max does not hold yet on AMD (:data:`BF16_MAX_SPILLS`: expected to fail, strictly).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hccc.compiler.backend.codegen import generate
+from hccc.compiler.pipeline import load_program
+from hccc.runtime.gpu import translation_unit
+from hccc.runtime.hip import hip_flags
+from hccc.runtime.platform import Instance
+
+from conftest import require_tool
+from kernel_asm import CALLEES
+
+#: hipcc on the emitted kernels: seconds to a minute each on 2 cores
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+#: arch -> (lanes per wave, SIMDs a block's waves spread over: a gfx90a CU's 4; a gfx1030
+#: workgroup processor's 4 SIMD32 in the default WGP mode)
+ARCH = {"gfx90a": (64, 4), "gfx1030": (32, 4)}
+
+
+def waves_per_simd(arch: str, threads: int) -> int:
+    """Waves a resident block of ``threads`` puts on each SIMD."""
+    lanes, simds = ARCH[arch]
+    return -(-threads // lanes) // simds
+#: the most private segment (bytes) a kernel may have: the engine's call frame
+STACK_BYTES = 256
+#: what the per-unit path may call (kernel_asm.CALLEES less the once-per-block hccc_launch_init,
+#: which no loop calls)
+LOOP_CALLEES = tuple(c for c in CALLEES if c != "hccc_launch_init")
+
+
+#: measured with ROCm 5.2 (hipcc 15.0.6): the engine of bfloat16 max spills a 64-bit value to
+#: scratch and reloads it in the engine's outermost per-unit loop (a "Folded Spill" / "Folded
+#: Reload" pair per round, gfx90a and gfx1030, every example; private segment up to 352 bytes).
+#: The data path's bf16 pair reduction on AMD (hccc_pk_bf16) is where the registers go; strict, so
+#: that the fix turns these into failures to remove the mark.
+BF16_MAX_SPILLS = pytest.mark.xfail(strict=True, reason="bfloat16 max spills on the AMD per-unit loop")
+
+
+def kernel_metadata(asm: str) -> dict[str, dict[str, str]]:
+    """``amdhsa.kernels`` of the code object: kernel name -> its top-level keys."""
+    out: dict[str, dict[str, str]] = {}
+    at = asm.find("amdhsa.kernels:")
+    assert at >= 0, "no kernel metadata"
+    cur: dict[str, str] | None = None
+    for line in asm[at:].splitlines()[1:]:
+        if re.match(r"^\S", line):
+            break                                  # the next top-level key
+        if re.match(r"^  - ", line):
+            cur = {}
+            line = "    " + line[4:]
+        m = re.match(r"^    \.(\w+):\s+(\S+)\s*$", line)
+        if m and cur is not None:
+            cur[m.group(1)] = m.group(2)
+            if m.group(1) == "name":
+                out[m.group(2)] = cur
+    return out
+
+
+def functions(asm: str) -> dict[str, list[str]]:
+    """Function (global label) -> its lines."""
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in asm.splitlines():
+        m = re.match(r"^([A-Za-z_]\w*):", line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+        elif name is not None:
+            out[name].append(line)
+    return out
+
+
+def loop_lines(lines: list[str]) -> list[int]:
+    """Indices of the lines in the basic blocks the compiler annotates as in a loop (a label or
+    ``; %bb.N:`` line with ``in Loop:`` or ``Loop Header``)."""
+    out, inside = [], False
+    for i, line in enumerate(lines):
+        if re.match(r"^(?:\.LBB\w+:|; %bb\.\d+:)", line):
+            inside = bool(re.search(r"in Loop:|Loop Header", line))
+        elif inside:
+            out.append(i)
+    return out
+
+
+SCRATCH = re.compile(r"\bscratch_(?:load|store)\w*|\bbuffer_(?:load|store)_\w+\s.*\bs\[0:3\]")
+CALL = re.compile(r"\bs_(?:swappc|call)_b64\s+s\[\d+:\d+\],\s*s\[(\d+):\d+\]")
+
+
+def call_target(lines: list[str], at: int) -> str:
+    """The function the call at ``lines[at]`` goes to: the symbol whose address was last formed
+    in the register pair it jumps through (``s_add_u32 sN, sN, SYMBOL@rel32@lo+4``)."""
+    m = CALL.search(lines[at])
+    assert m, lines[at]
+    reg = m.group(1)
+    for line in reversed(lines[:at]):
+        d = re.search(rf"\bs_add_u32\s+s{reg},\s*s{reg},\s*(\w+)@(?:rel32|gotpcrel32)@lo", line)
+        if d:
+            return d.group(1)
+    return "?"
+
+
+def _build(tmp_path: Path, example: str, dtype: str, op: str, single: bool, arch: str) -> tuple[str, dict]:
+    tool = require_tool("hipcc")
+    ir = load_program(ROOT / "examples" / f"{example}.rccl")
+    generate(ir, tmp_path, platforms=["hip"] * ir.nranks)
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    src, out = tmp_path / "all.hip", tmp_path / "all.s"
+    src.write_text(translation_unit(man, Instance(dtype, op), list(range(ir.nranks)), "hip"))
+    res = subprocess.run([tool, *hip_flags(arch, single, output=("--cuda-device-only", "-S")), "-I", str(tmp_path),
+                          "-o", str(out), str(src)], capture_output=True, text=True,
+                         env=dict(os.environ, HIP_PLATFORM="amd"), timeout=1800)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out.read_text(), man
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH))
+@pytest.mark.parametrize("single", [True, False])
+@pytest.mark.parametrize("dtype,op", [("float32", "sum"), pytest.param("bfloat16", "max", marks=BF16_MAX_SPILLS)])
+@pytest.mark.parametrize("example", ["ring_allreduce_8", "hm_allreduce_4x8"])
+def test_amd_kernels_keep_a_block_resident_no_spill_no_scratch_on_the_loop(tmp_path, example, dtype, op,
+                                                                             single, arch):
+    asm, man = _build(tmp_path, example, dtype, op, single, arch)
+    meta = kernel_metadata(asm)
+    kernels = {k: v for k, v in meta.items() if k != "hccc_runtime_gate"}
+    want = {f"{e['kernel']}_{dtype}_{op}" for e in man["ranks"]} | {f"{man['grid']['hip']['kernel']}_{dtype}_{op}"}
+    assert set(kernels) == want, sorted(kernels)
+    funcs = functions(asm)
+    for name, v in kernels.items():
+        assert v["sgpr_spill_count"] == "0" and v["vgpr_spill_count"] == "0", (name, v)
+        assert int(v["private_segment_fixed_size"]) <= STACK_BYTES, (name, v)
+        occ = re.findall(r"^; Occupancy: (\d+)", "\n".join(funcs[name]), flags=re.M)
+        assert occ and int(occ[0]) >= waves_per_simd(arch, man["nthreads"]["hip"]), (name, occ, v["vgpr_count"])
+    engines = [n for n in funcs if n.startswith("_Z8hccc_runI")]
+    assert len(engines) == 1, engines               # one engine, every kernel calls it
+    lines = funcs[engines[0]]
+    inside = loop_lines(lines)
+    assert inside, "no loop found in the engine"
+    called = set()
+    for i in inside:
+        assert not SCRATCH.search(lines[i]), lines[i]
+        if CALL.search(lines[i]):
+            target = call_target(lines, i)
+            assert any(c in target for c in LOOP_CALLEES), (target, lines[i])
+            called.add(target)
+    # the sync lane's loop is among those read: it loads each primitive through the call
+    assert any("hccc_sprim_load" in t for t in called), called
+
+
+def test_the_parsers_on_a_sample():
+    asm = """k:                                      ; @k
+; %bb.0:
+\ts_endpgm
+; Occupancy: 5
+_Z8hccc_runIfLi0E12hccc_programEvPK9hccc_argsT1_i:
+; %bb.0:
+\tbuffer_store_dword v40, off, s[0:3], s32 offset:8 ; 4-byte Folded Spill
+.LBB3_6:                                ; =>This Loop Header: Depth=1
+\ts_add_u32 s44, s44, _Z15hccc_sprim_loadI12hccc_programEvR11hccc_sharedT_jjjb@rel32@lo+4
+\ts_swappc_b64 s[30:31], s[44:45]
+; %bb.7:                                ;   in Loop: Header=BB3_6 Depth=1
+\tbuffer_load_dword v1, off, s[0:3], s33 ; 4-byte Folded Reload
+.LBB3_9:
+\tbuffer_load_dword v63, off, s[0:3], s33
+amdhsa.kernels:
+  - .args:
+      - .offset:         0
+        .size:           160
+    .name:           k
+    .private_segment_fixed_size: 208
+    .sgpr_spill_count: 0
+    .vgpr_count:     96
+amdhsa.target:   amdgcn-amd-amdhsa--gfx90a
+"""
+    assert kernel_metadata(asm) == {"k": {"name": "k", "private_segment_fixed_size": "208",
+                                          "sgpr_spill_count": "0", "vgpr_count": "96"}}
+    lines = functions(asm)["_Z8hccc_runIfLi0E12hccc_programEvPK9hccc_argsT1_i"]
+    inside = loop_lines(lines)
+    assert [lines[i].split()[0] for i in inside] == ["s_add_u32", "s_swappc_b64", "buffer_load_dword"]
+    assert call_target(lines, inside[1]) == "_Z15hccc_sprim_loadI12hccc_programEvR11hccc_sharedT_jjjb"
+    assert [bool(SCRATCH.search(lines[i])) for i in inside] == [False, False, True]
+    assert not SCRATCH.search("\tbuffer_load_dword v1, v2, s[8:11], 0 offen")   # a global buffer
+    assert waves_per_simd("gfx90a", 1024) == 4 and waves_per_simd("gfx1030", 1024) == 8
