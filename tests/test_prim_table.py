@@ -53,7 +53,7 @@ def test_entries_are_the_most_primitives_of_a_block_within_the_budget(cells, big
 
 
 def _program_types(out) -> set[str]:
-    pat = r"\b(HCCC_TPROGRAM\(\d+\)|hccc_v?program) \w+_program\(\)"
+    pat = r"\b(HCCC_TV?PROGRAM\(\d+\)|hccc_v?program) \w+_program\(\)"
     return {m for src in out.glob("*.cu") for m in re.findall(pat, src.read_text())}
 
 
@@ -63,8 +63,9 @@ def test_codegen_picks_the_table_and_the_manifest_says_so(tmp_path, monkeypatch)
     program and the table mode's generic kernels always load."""
     ir = build_program(gen.ring_allreduce(3))
     n = prim_table.max_block_prims(ir)
+    nv = prim_table.max_block_prims(build_program(gen.ring_alltoall(3)))
     cases = [("fits", gen.ring_allreduce(3), f"HCCC_TPROGRAM({n})", "table", n),
-             ("alltoall", gen.ring_alltoall(3), "hccc_vprogram", "load", 0)]
+             ("alltoall", gen.ring_alltoall(3), f"HCCC_TVPROGRAM({nv})", "table", nv)]
     for name, alg, typ, decode, entries in cases:
         out = tmp_path / name
         out.mkdir()
@@ -86,7 +87,7 @@ def test_codegen_picks_the_table_and_the_manifest_says_so(tmp_path, monkeypatch)
 
 
 @needs_gxx
-@pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
+@pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather", "alltoall"])
 @pytest.mark.parametrize("budget", ["table", "load"])
 @settings(max_examples=examples(1), deadline=None)
 @given(data=st.data())

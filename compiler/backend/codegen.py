@@ -88,16 +88,18 @@ def replicated_conns(conns, nch: int, stride: int) -> list[tuple[int, int]]:
 
 
 def program_type(ir: ProgramIR) -> str:
-    """The C++ type of a rank's program in its source: ``hccc_vprogram`` for a blockwise collective
-    (AllToAll: its kernels also run as AllToAllv, so its engine has that path); for every other
-    (its engine is compiled without the AllToAllv path, and refuses counts) ``HCCC_TPROGRAM(N)``
-    where its blocks decode their primitives into a table of N entries at launch
-    (:mod:`hccc.compiler.backend.prim_table`), else ``hccc_program``."""
+    """The C++ type of a rank's program in its source: for a blockwise collective (AllToAll: its
+    kernels also run as AllToAllv, so its engine has that path) ``HCCC_TVPROGRAM(N)`` where its
+    blocks decode their primitives into a table of N entries at launch
+    (:mod:`hccc.compiler.backend.prim_table`), else ``hccc_vprogram``; for every other (its engine
+    is compiled without the AllToAllv path, and refuses counts) ``HCCC_TPROGRAM(N)``, else
+    ``hccc_program``."""
     from hccc.compiler.frontend.collectives import spec_of
-    if spec_of(ir.collective).per_pair_counts:
-        return "hccc_vprogram"
+    v = spec_of(ir.collective).per_pair_counts
     n = prim_table.ptable_prims(ir, False)
-    return f"HCCC_TPROGRAM({n})" if n else "hccc_program"
+    if n:
+        return f"HCCC_TVPROGRAM({n})" if v else f"HCCC_TPROGRAM({n})"
+    return "hccc_vprogram" if v else "hccc_program"
 
 
 def threads_per_tb(nwarps: int, platform: str) -> int:
@@ -637,8 +639,7 @@ def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int], decode_table: bo
     stats.setdefault("primitives", int(ir.nprims))
     # a rank's launch: channels x its thread blocks (all resident at once)
     stats["blocks_per_rank_max"] = channel_count(ir) * int(max(ntbs, default=0))
-    from hccc.compiler.frontend.collectives import spec_of
-    stats.update(prim_table.ptable_stats(ir, spec_of(ir.collective).per_pair_counts or not decode_table))
+    stats.update(prim_table.ptable_stats(ir, not decode_table))
     return _jsonable(stats)
 
 

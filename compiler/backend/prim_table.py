@@ -7,9 +7,11 @@ chunk walks and piece template). Without a table it decodes each one when it rea
 one, every thread of the block decodes the block's primitives at launch and the loop reads the
 current one from shared memory. Codegen picks the table at compile time, per program: the
 program's type in its sources is ``hccc_tprogram<N>``, N the most primitives of any of its thread
-blocks, when N entries fit :data:`PTABLE_BUDGET_BYTES`; else the per-primitive load. AllToAll
-programs (their AllToAllv rounds rebuild the template as the cursor moves) and the table mode's
-generic kernels (their programs are read at run time) always take the per-primitive load.
+blocks, when N entries fit :data:`PTABLE_BUDGET_BYTES` (an AllToAll program's
+``hccc_tvprogram<N>``: its entries hold their templates at round 0, and another round of an
+AllToAllv primitive is rebuilt in its entry where the cursor moves to it); else the per-primitive
+load. The table mode's generic kernels (their programs are read at run time) always take the
+per-primitive load.
 """
 from __future__ import annotations
 
@@ -36,11 +38,11 @@ def max_block_prims(ir) -> int:
     return int(np.bincount(key).max())
 
 
-def ptable_prims(ir, per_pair_counts: bool) -> int:
-    """Entries of ``ir``'s decoded table (0: the per-primitive load); ``per_pair_counts``: an
-    AllToAll program's (or one the kernels read at run time), which never has one."""
+def ptable_prims(ir, no_table: bool = False) -> int:
+    """Entries of ``ir``'s decoded table (0: the per-primitive load); ``no_table``: the kernels
+    read the program at run time (the table mode's), and so never have one."""
     n = max_block_prims(ir)
-    return n if not per_pair_counts and 0 < n <= PTABLE_MAX_PRIMS else 0
+    return n if not no_table and 0 < n <= PTABLE_MAX_PRIMS else 0
 
 
 def ptable_stats(ir, no_table: bool) -> dict:
