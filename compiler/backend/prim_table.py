@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 #: bytes of one decoded primitive, ``sizeof(hccc_sprim)`` on every platform (CUDA, HIP, the CPU
-#: emulation: 8-byte pointers); the engine checks it (a static_assert rendered from this value)
+#: emulation: 8-byte pointers) with the engine's default HCCC_DEP_CACHE and HCCC_UNIT_PIECES (a
+#: build setting fewer is smaller); the engine checks the bound (a static_assert rendered from it)
 SPRIM_BYTES = 848
 #: shared memory a block's table may take: the 48 KiB of static shared memory a CUDA block may
 #: declare (gfx90a / gfx1030: 64 KiB of LDS), less 8 KiB for the block's other state
