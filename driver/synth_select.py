@@ -586,6 +586,15 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     check_on_topology(alg, topo)
     proven = clock.now()
     why, not_simulated, fitted, limit_cut, extra = _report(result, bound, fraction, sims, simulated)
+    refusing = None
+    if not opts.engine:
+        # which other engines certainly refuse the program as written, and why (their up-front checks)
+        from hccc.synth_engines import ENGINES, certain_refusals
+        refusing = certain_refusals(alg, topo)
+        for engine, because in refusing.items():
+            extra.append(f"{ENGINES[engine]}: " + (f"refuses this program ({because}); hccc synth --for {engine} "
+                                                   "writes one it runs" if because is not None else
+                                                   "not checked during synthesis (hccc plan checks it)"))
     text = to_rccl(result, topo, plan, cluster=opts.cluster_name, extra_comments=extra)
     # what each phase took (work clock), with the search's own phases where it reports them
     took = {"search": round(searched - started, 3), **(result.detail.get("phase_seconds") or {}),
@@ -593,6 +602,8 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
             "closing_predicted": round(closing, 3)}
     summary = _summary(result, size, bound, fraction, sims, simulated, tried, why, not_simulated, fitted,
                        limit_cut, took)
+    if refusing is not None:
+        summary["engines_refusing"] = refusing
     return Program(text, plan, summary, result, alg)
 
 
