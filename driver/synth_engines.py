@@ -29,12 +29,23 @@ def for_engine(result) -> None:
     result.loops = None
 
 
-#: the most GPUs whose program :func:`certain_refusals` checks against the MSCCL++ executor: its
-#: check reads the program as the plan exporter lowers it (one thread block per connection end,
-#: :func:`hccc.compiler.passes.build.build_algorithm_level`), which costs what a second lowering
-#: does; past this many GPUs (as past the selection's simulations, ``SIMULATE_MAX_RANKS``) the
-#: report says it was not checked, and ``hccc plan`` checks it
-PLAN_CHECK_MAX_RANKS = 128
+#: the most transfers of a program :func:`certain_refusals` checks against the MSCCL++ executor:
+#: its check reads the program as the plan exporter lowers it (one thread block per connection
+#: end, :func:`hccc.compiler.passes.build.build_algorithm_level`), which costs what a second
+#: lowering does (:data:`PLAN_CHECK_SECONDS_PER_TRANSFER`); past this many (about 2 s on a loaded
+#: 2-core machine) the report says it was not checked, and ``hccc plan`` checks it. A count of
+#: the program, not a time, so that what the report says is the same on every machine
+PLAN_CHECK_MAX_TRANSFERS = 20_000
+#: seconds of that lowering per transfer, measured on a loaded 2-core machine: a 12-GPU V100
+#: AllGather (4,224 transfers) 0.47 s, 111 us; a 512-GPU H20 AllGather (261,632) 23.7 s, 91 us;
+#: rounded up. The closing phases' prediction counts it (``hccc synth --time-limit``)
+PLAN_CHECK_SECONDS_PER_TRANSFER = 1.2e-4
+
+
+def plan_check_seconds(ntransfers: int) -> float:
+    """Predicted seconds of :func:`certain_refusals` on a program of ``ntransfers`` transfers."""
+    m = max(0, int(ntransfers))
+    return PLAN_CHECK_SECONDS_PER_TRANSFER * m if m <= PLAN_CHECK_MAX_TRANSFERS else 0.0
 
 
 def certain_refusals(alg, topo) -> dict[str, str]:
@@ -43,8 +54,8 @@ def certain_refusals(alg, topo) -> dict[str, str]:
     xml`` and ``hccc plan`` make before building anything (:mod:`hccc.compiler.interop.msccl_limits`,
     :mod:`hccc.compiler.interop.mscclpp_limits`), which never refuse what the exporter accepts but
     may accept what it refuses (only the export itself is exact). Cheap: numpy over the transfers
-    (the MSCCL++ one also lowers the program, so up to :data:`PLAN_CHECK_MAX_RANKS` GPUs only;
-    ``"mscclpp"`` then maps to None: not checked)."""
+    (the MSCCL++ one also lowers the program, so up to :data:`PLAN_CHECK_MAX_TRANSFERS` transfers
+    only; ``"mscclpp"`` then maps to None: not checked)."""
     from hccc.compiler.interop.msccl_format import XmlLimits
     from hccc.compiler.interop.msccl_limits import check_algorithm_fits
     from hccc.compiler.interop.mscclpp_export import node_map
@@ -61,7 +72,7 @@ def certain_refusals(alg, topo) -> dict[str, str]:
         check_algorithm_fits(alg, XmlLimits())
     except CompileError as exc:
         out["xml"] = first(exc)
-    if int(alg.header.nranks) > PLAN_CHECK_MAX_RANKS:
+    if len(alg.src) > PLAN_CHECK_MAX_TRANSFERS:
         out["mscclpp"] = None
     else:
         try:
@@ -97,4 +108,4 @@ def export_refusal(result, topo, engine: str) -> str | None:
     return None
 
 
-__all__ = ["ENGINES", "PLAN_CHECK_MAX_RANKS", "certain_refusals", "export_refusal", "for_engine"]
+__all__ = ["ENGINES", "PLAN_CHECK_MAX_TRANSFERS", "PLAN_CHECK_SECONDS_PER_TRANSFER", "certain_refusals", "export_refusal", "for_engine", "plan_check_seconds"]

@@ -560,8 +560,11 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
         title += f" for {format_size(size)}"
     # the proof and the text cannot stop half-way: the search and the simulations leave them their
     # predicted time (compiler/synth/budget.py)
-    closing = closing_seconds(least_transfers(opts.collective, topo.nranks, opts.chunks_per_rank or 1),
-                              opts.collective)
+    least = least_transfers(opts.collective, topo.nranks, opts.chunks_per_rank or 1)
+    closing = closing_seconds(least, opts.collective)
+    if not opts.engine:
+        from hccc.synth_engines import plan_check_seconds
+        closing += plan_check_seconds(least)       # the engines' checks of the program written
     started = clock.now()
     with phases(title, opts.time_limit if len(opts.sizes) <= 1 else round(max(0.0, deadline - clock.now()), 1)) \
             as phase:

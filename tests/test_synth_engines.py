@@ -15,7 +15,7 @@ from hccc.cli import main
 from hccc.compiler.frontend.generators import direct_allgather
 from hccc.compiler.frontend.load import load_rccl
 from hccc.compiler.interop.mscclpp_plan import PlanLimits
-from hccc.synth_engines import PLAN_CHECK_MAX_RANKS, certain_refusals
+from hccc.synth_engines import PLAN_CHECK_MAX_TRANSFERS, certain_refusals
 
 
 def _connection_ends(src, dst, n: int) -> int:
@@ -39,9 +39,10 @@ def test_a_direct_allgather_is_refused_by_mscclpp_exactly_past_its_resident_bloc
     assert "xml" not in got            # MSCCL's runtime takes 1,024 thread blocks a rank
 
 
-def test_past_its_gpus_the_plan_check_is_said_not_run():
-    alg = direct_allgather(PLAN_CHECK_MAX_RANKS + 1)
-    assert certain_refusals(alg, None)["mscclpp"] is None
+def test_past_its_transfers_the_plan_check_is_said_not_run():
+    n = next(n for n in range(2, 1000) if n * (n - 1) > PLAN_CHECK_MAX_TRANSFERS)
+    assert certain_refusals(direct_allgather(n), None)["mscclpp"] is None
+    assert "mscclpp" in certain_refusals(direct_allgather(n - 1), None)      # 2 (n - 2) > 108 blocks
 
 
 def test_the_report_names_the_engine_that_refuses_the_program_written(tmp_path, capsys):
