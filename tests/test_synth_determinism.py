@@ -135,3 +135,21 @@ def test_the_report_says_where_the_clock_ended_a_rounding(monkeypatch):
     assert cut == ["AllGather rounding to 2, 3 chunks per rank stopped by the clock before its node limit"]
     setting.clock_cut(tr.Packing(2, 1, [0, 1], [], [1, 1], 1.0, 1.0, 1.0, 1, 2, 0.0), "ReduceScatter")
     assert len(cut) == 1
+
+
+def test_an_integral_packing_the_clock_ended_is_said(monkeypatch):
+    """Two MI250 nodes at 3 chunks per rank seek integral trees (the LP's round to 0.904 of the
+    optimum): with no seconds for them (:data:`.branchings.SECONDS` spent) the packing is the
+    LP's trees rounded, and it says the clock ended that count; with the default guard it holds
+    the integral trees and says nothing."""
+    from synth_oracles import mi250
+    from hccc.compiler.synth import branchings as br
+    from hccc.compiler.synth import network_from_topology
+    from hccc.compiler.synth import trees as tr
+
+    net = network_from_topology(mi250(2))
+    free = tr.pack_trees(net, min_chunks=3, max_chunks=3)
+    assert free.stats.get("integral") and "rounding_stopped_by_clock" not in free.stats
+    monkeypatch.setattr(br, "SECONDS", 0.0)
+    starved = tr.pack_trees(net, min_chunks=3, max_chunks=3)
+    assert not starved.stats.get("integral") and starved.stats["rounding_stopped_by_clock"] == [3]

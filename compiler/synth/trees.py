@@ -907,6 +907,8 @@ class _Rounding:
             until = min(until, b0 + br.SECONDS - exact["spent"])
             got = br.integral_arcs(net, K, self.cs.cap, until, exact["sets"], exact["perms"]) if until > b0 else None
             exact["spent"] += clock.now() - b0
+            if got is None and clock.now() >= until:
+                exact.setdefault("clock_cut", set()).add(K)      # the clock, not a node limit, ended it
             exact["found"][K] = None if got is None else (got[0] * self.cs.scale, got[1])
         return exact["found"][K]
 
@@ -921,6 +923,7 @@ class _Rounding:
             exact["grown"][K] = br.trees_on(net, mult, K, clock.now() + br.SECONDS)
         trees = exact["grown"][K]
         if trees is None:
+            exact.setdefault("clock_cut", set()).add(K)          # growing them ran out of time
             return None
         load = np.zeros(cs.cap.size)
         for r, par, c in trees:
@@ -991,9 +994,11 @@ class _Rounding:
     def clock_cut(self) -> dict:
         """``{"rounding_stopped_by_clock": [K, ...]}``: the chunk counts whose rounding the clock
         ended (its MILP's seconds guard, or no seconds left for it) rather than its node limit
-        (:meth:`round_to`'s seconds, finite only then); empty where none was. Only these roundings
-        may come out otherwise on a slower or busier machine."""
-        cut = sorted(K for K, got in self.rounded.items() if np.isfinite(got[2]))
+        (:meth:`round_to`'s seconds, finite only then), or whose integral packing
+        (:mod:`.branchings`, :meth:`integral_at`) its seconds ended; empty where none was. Only
+        these roundings may come out otherwise on a slower or busier machine."""
+        cut = sorted({K for K, got in self.rounded.items() if np.isfinite(got[2])}
+                     | set((self.exact or {}).get("clock_cut", ())))
         return {"rounding_stopped_by_clock": cut} if cut else {}
 
     def _support(self) -> list | None:
