@@ -48,7 +48,7 @@ def plan_check_seconds(ntransfers: int) -> float:
     return PLAN_CHECK_SECONDS_PER_TRANSFER * m if m <= PLAN_CHECK_MAX_TRANSFERS else 0.0
 
 
-def certain_refusals(alg, topo) -> dict[str, str]:
+def certain_refusals(alg, topo) -> dict[str, str | None]:
     """``{engine: why}`` for each engine of :data:`ENGINES` whose exporter certainly refuses
     ``alg`` (a verified program on ``topo``) with its default limits: the up-front checks ``hccc
     xml`` and ``hccc plan`` make before building anything (:mod:`hccc.compiler.interop.msccl_limits`,

@@ -596,7 +596,7 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
         refusing = certain_refusals(alg, topo)
         for engine, because in refusing.items():
             extra.append(f"{ENGINES[engine]}: " + (f"refuses this program ({because}); hccc synth --for {engine} "
-                                                   "writes one it runs" if because is not None else
+                                                   "looks for one it runs" if because is not None else
                                                    "not checked during synthesis (hccc plan checks it)"))
     text = to_rccl(result, topo, plan, cluster=opts.cluster_name, extra_comments=extra)
     # what each phase took (work clock), with the search's own phases where it reports them

@@ -48,7 +48,7 @@ def test_past_its_transfers_the_plan_check_is_said_not_run():
 def test_the_report_names_the_engine_that_refuses_the_program_written(tmp_path, capsys):
     """An AllToAll on 64 GPUs under a short limit: its ranks talk to more peers than MSCCL++ keeps
     resident; the summary and the program's comments say MSCCL++ refuses it and which ``--for``
-    writes one it runs; an engine the oracle does not see refusing is not named."""
+    looks for one it runs; an engine the oracle does not see refusing is not named."""
     p = tmp_path / "n8.topo"
     p.write_text(many_nodes_text(8))
     out = tmp_path / "a.rccl"
@@ -59,4 +59,4 @@ def test_the_report_names_the_engine_that_refuses_the_program_written(tmp_path, 
     assert ("mscclpp" in got["engines_refusing"]) == refused
     text = out.read_text()
     assert ("MSCCL++ executor (plan): refuses this program" in text) == refused
-    assert ("hccc synth --for mscclpp writes one it runs" in text) == refused
+    assert ("hccc synth --for mscclpp looks for one it runs" in text) == refused
