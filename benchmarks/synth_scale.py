@@ -4,6 +4,7 @@
     python benchmarks/synth_scale.py                  # everything (a few minutes)
     python benchmarks/synth_scale.py --quick          # the six HeteCCL clusters (V100) and 64 GPUs
     python benchmarks/synth_scale.py --json out.json  # also write the rows as JSON
+    python benchmarks/synth_scale.py --end-to-end     # 512 and 1,024 H20 GPUs: synth then compile, vs 120 s
 
 Rows:
 * HeteCCL's six heterogeneous clusters (section 6.1) in both flavours (``examples/clusters/{h20,v100}_*``);
@@ -15,6 +16,12 @@ Columns: synthesis wall time, steps and the step lower bound (gap = steps - boun
 AllReduce; for the clusters of up to 64 GPUs, when the simulator is available, the simulated busbw at
 1 GiB of the synthesised schedule, of an NCCL-style ring (ranks in node order) and ForestColl's cut
 bound expressed as a busbw, with the ratios synthesised/ring and synthesised/bound.
+
+``--end-to-end``: AllGather and AllReduce on 64 and 128 nodes of 8 H20 GPUs (512 and 1,024 GPUs,
+``examples/clusters/generate.py``'s node) made as a user makes them, each command a fresh process:
+``hccc synth CLUSTER --collective C -o x.rccl`` (its defaults) then ``hccc x.rccl -o DIR``. Per case:
+the wall seconds and CPU seconds of each command, their sum against :data:`END_TO_END_TARGET`, and
+the transfers and method of the program. ``--nodes 64,128`` picks the cluster sizes.
 """
 from __future__ import annotations
 
@@ -100,6 +107,65 @@ def run_case(topo, label: str, coll: str, time_limit: float, sim, variants: int)
     return row
 
 
+#: seconds a 1,024-GPU AllGather or AllReduce may take from ``hccc synth`` to compiled kernels on a
+#: 2-core machine without a GPU (the target synthesis at scale is held to)
+END_TO_END_TARGET = 120.0
+#: the clusters of ``--end-to-end``: nodes of 8 H20 GPUs
+END_TO_END_NODES = (64, 128)
+
+
+def _h20_cluster_text(nodes: int) -> str:
+    """``nodes`` 8-GPU H20 nodes as examples/clusters writes them, every pair of nodes through the NICs."""
+    spec = importlib.util.spec_from_file_location("cluster_gen", ROOT / "examples" / "clusters" / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    return format_topology(gen.cluster([gen.h20_node8() for _ in range(nodes)], f"{nodes} x 8 H20"))
+
+
+def _timed(cmd: list[str]) -> tuple[int, float, float, str, str]:
+    """Run ``cmd`` to its end: (exit status, wall seconds, CPU seconds of it and its children,
+    stderr's tail, stdout)."""
+    import resource
+    import subprocess
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    got = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return got.returncode, wall, cpu, (got.stderr or "").strip()[-400:], got.stdout
+
+
+def end_to_end(nodes_list, workdir: Path) -> list[dict]:
+    """The ``--end-to-end`` rows: synthesised then compiled, each by its own ``hccc`` process."""
+    hccc = [sys.executable, "-m", "hccc"]
+    rows = []
+    for nodes in nodes_list:
+        topo = workdir / f"h20_{nodes}x8.topo"
+        topo.write_text(_h20_cluster_text(nodes))
+        for coll in ("allgather", "allreduce"):
+            algo = workdir / f"{coll}_{nodes * 8}.rccl"
+            rc_s, wall_s, cpu_s, err_s, out_s = _timed(hccc + ["synth", str(topo), "--collective", coll, "-o", str(algo),
+                                                               "--json"])
+            row = {"gpus": nodes * 8, "collective": coll, "synth_rc": rc_s, "synth_wall_s": round(wall_s, 1),
+                   "synth_cpu_s": round(cpu_s, 1)}
+            if rc_s == 0:
+                rep = json.loads(out_s)
+                row.update({k: rep.get(k) for k in ("method", "transfers", "chunks_per_rank", "timed_out")})
+                rc_c, wall_c, cpu_c, err_c, _ = _timed(hccc + [str(algo), "-o", str(workdir / f"{coll}_{nodes * 8}")])
+                row.update({"compile_rc": rc_c, "compile_wall_s": round(wall_c, 1), "compile_cpu_s": round(cpu_c, 1)})
+                if rc_c:
+                    row["error"] = err_c
+            else:
+                row["error"] = err_s
+            row["total_wall_s"] = round(row["synth_wall_s"] + row.get("compile_wall_s", 0.0), 1)
+            row["within_target"] = rc_s == 0 and row.get("compile_rc") == 0 and row["total_wall_s"] <= END_TO_END_TARGET
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="V100 HeteCCL clusters and 64 GPUs only")
@@ -108,7 +174,26 @@ def main(argv=None) -> int:
     ap.add_argument("--no-sim", action="store_true", help="skip the simulated busbw columns")
     ap.add_argument("--variants", type=int, default=3, help="greedy variants per phase (default 3, as hccc synth)")
     ap.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    ap.add_argument("--end-to-end", action="store_true",
+                    help=f"512 and 1,024 H20 GPUs: hccc synth then hccc compile, against {END_TO_END_TARGET:g} s")
+    ap.add_argument("--nodes", default=",".join(map(str, END_TO_END_NODES)),
+                    help="--end-to-end's clusters, in nodes of 8 GPUs (default 64,128)")
     args = ap.parse_args(argv)
+    if args.end_to_end:
+        import tempfile
+
+        nodes = [int(x) for x in args.nodes.split(",") if x.strip()]
+        with tempfile.TemporaryDirectory(prefix="hccc_synth_scale_") as d:
+            rows = end_to_end(nodes, Path(d))
+        for r in rows:
+            print(f"{r['gpus']:5d} GPUs {r['collective']:10s} synth {r['synth_wall_s']:6.1f} s wall "
+                  f"({r['synth_cpu_s']:.1f} CPU)  compile {r.get('compile_wall_s', float('nan')):6.1f} s wall "
+                  f"({r.get('compile_cpu_s', float('nan')):.1f} CPU)  total {r['total_wall_s']:6.1f} s  "
+                  f"{'within' if r['within_target'] else 'OVER'} {END_TO_END_TARGET:g} s"
+                  + (f"  error: {r['error']}" if "error" in r else ""))
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        return 0 if all(r["within_target"] for r in rows) else 1
     sim = None if args.no_sim else _simulator()
     cases = []
     flavours = ["v100"] if args.quick else ["h20", "v100"]

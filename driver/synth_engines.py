@@ -6,7 +6,8 @@ thread block, thread blocks per rank, XML elements, channels: :mod:`hccc.compile
 way that engine expresses it without races (one channel: the engines give every channel its own
 copy of the program, which the streams of a tree program do not split), and it is kept only when
 the engine's own exporter accepts it (:func:`export_refusal`): the very check ``hccc xml`` and
-``hccc plan`` make, with their default limits.
+``hccc plan`` make, with their default limits. Without ``--for``, the report names the engines
+whose up-front checks certainly refuse the program written (:func:`certain_refusals`).
 """
 from __future__ import annotations
 
@@ -26,6 +27,60 @@ def for_engine(result) -> None:
     if result.rows.ndim == 2 and result.rows.shape[1] > 5:
         result.rows = np.ascontiguousarray(result.rows[:, :5])
     result.loops = None
+
+
+#: the most transfers of a program :func:`certain_refusals` checks against the MSCCL++ executor:
+#: its check reads the program as the plan exporter lowers it (one thread block per connection
+#: end, :func:`hccc.compiler.passes.build.build_algorithm_level`), which costs what a second
+#: lowering does (:data:`PLAN_CHECK_SECONDS_PER_TRANSFER`); past this many (about 2 s on a loaded
+#: 2-core machine) the report says it was not checked, and ``hccc plan`` checks it. A count of
+#: the program, not a time, so that what the report says is the same on every machine
+PLAN_CHECK_MAX_TRANSFERS = 20_000
+#: seconds of that lowering per transfer, measured on a loaded 2-core machine: a 12-GPU V100
+#: AllGather (4,224 transfers) 0.47 s, 111 us; a 512-GPU H20 AllGather (261,632) 23.7 s, 91 us;
+#: rounded up. The closing phases' prediction counts it (``hccc synth --time-limit``)
+PLAN_CHECK_SECONDS_PER_TRANSFER = 1.2e-4
+
+
+def plan_check_seconds(ntransfers: int) -> float:
+    """Predicted seconds of :func:`certain_refusals` on a program of ``ntransfers`` transfers."""
+    m = max(0, int(ntransfers))
+    return PLAN_CHECK_SECONDS_PER_TRANSFER * m if m <= PLAN_CHECK_MAX_TRANSFERS else 0.0
+
+
+def certain_refusals(alg, topo) -> dict[str, str | None]:
+    """``{engine: why}`` for each engine of :data:`ENGINES` whose exporter certainly refuses
+    ``alg`` (a verified program on ``topo``) with its default limits: the up-front checks ``hccc
+    xml`` and ``hccc plan`` make before building anything (:mod:`hccc.compiler.interop.msccl_limits`,
+    :mod:`hccc.compiler.interop.mscclpp_limits`), which never refuse what the exporter accepts but
+    may accept what it refuses (only the export itself is exact). Cheap: numpy over the transfers
+    (the MSCCL++ one also lowers the program, so up to :data:`PLAN_CHECK_MAX_TRANSFERS` transfers
+    only; ``"mscclpp"`` then maps to None: not checked)."""
+    from hccc.compiler.interop.msccl_format import XmlLimits
+    from hccc.compiler.interop.msccl_limits import check_algorithm_fits
+    from hccc.compiler.interop.mscclpp_export import node_map
+    from hccc.compiler.interop.mscclpp_limits import check_plan_fits
+    from hccc.compiler.interop.mscclpp_plan import PlanLimits
+    from hccc.compiler.passes.build import build_algorithm_level
+
+    def first(exc: CompileError) -> str:
+        d = exc.diagnostics[0] if getattr(exc, "diagnostics", None) else None
+        return (d.message if d is not None else str(exc)).splitlines()[0]
+
+    out: dict[str, str | None] = {}
+    try:
+        check_algorithm_fits(alg, XmlLimits())
+    except CompileError as exc:
+        out["xml"] = first(exc)
+    if len(alg.src) > PLAN_CHECK_MAX_TRANSFERS:
+        out["mscclpp"] = None
+    else:
+        try:
+            check_plan_fits(build_algorithm_level(alg), PlanLimits(),
+                            nodes=node_map(alg.header.nranks, topology=topo))
+        except CompileError as exc:
+            out["mscclpp"] = first(exc)
+    return out
 
 
 def export_refusal(result, topo, engine: str) -> str | None:
@@ -53,4 +108,4 @@ def export_refusal(result, topo, engine: str) -> str | None:
     return None
 
 
-__all__ = ["ENGINES", "export_refusal", "for_engine"]
+__all__ = ["ENGINES", "PLAN_CHECK_MAX_TRANSFERS", "PLAN_CHECK_SECONDS_PER_TRANSFER", "certain_refusals", "export_refusal", "for_engine", "plan_check_seconds"]

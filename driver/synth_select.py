@@ -767,8 +767,11 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
         title += f" for {format_size(size)}"
     # the proof and the text cannot stop half-way: the search and the simulations leave them their
     # predicted time (compiler/synth/budget.py)
-    closing = closing_seconds(least_transfers(opts.collective, topo.nranks, opts.chunks_per_rank or 1),
-                              opts.collective)
+    least = least_transfers(opts.collective, topo.nranks, opts.chunks_per_rank or 1)
+    closing = closing_seconds(least, opts.collective)
+    if not opts.engine:
+        from hccc.synth_engines import plan_check_seconds
+        closing += plan_check_seconds(least)       # the engines' checks of the program written
     started = clock.now()
     with phases(title, opts.time_limit if len(opts.sizes) <= 1 else round(max(0.0, deadline - clock.now()), 1)) \
             as phase:
@@ -793,6 +796,15 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
         run = selection["runner_up"]
         extra.append(f"kept the {selection['kept']} program, the fastest of {len(choices)} candidates in the "
                      f"simulator at {size} bytes; runner-up: {run['candidate']}, {run['ratio']:.3f}x its time")
+    refusing = None
+    if not opts.engine:
+        # which other engines certainly refuse the program as written, and why (their up-front checks)
+        from hccc.synth_engines import ENGINES, certain_refusals
+        refusing = certain_refusals(alg, topo)
+        for engine, because in refusing.items():
+            extra.append(f"{ENGINES[engine]}: " + (f"refuses this program ({because}); hccc synth --for {engine} "
+                                                   "looks for one it runs" if because is not None else
+                                                   "not checked during synthesis (hccc plan checks it)"))
     text = to_rccl(result, topo, plan, cluster=opts.cluster_name, extra_comments=extra)
     # what each phase took (work clock), with the search's own phases where it reports them
     took = {"search": round(searched - started, 3), **(result.detail.get("phase_seconds") or {}),
@@ -807,6 +819,8 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     summary = _summary(result, size, bound, fraction, sims, simulated, tried, why, not_simulated, fitted,
                        limit_cut, took)
     summary["selection"] = selection
+    if refusing is not None:
+        summary["engines_refusing"] = refusing
     return Program(text, plan, summary, result, alg)
 
 

@@ -379,3 +379,19 @@ def test_cpu_builds_counts_the_cpu_of_a_cold_build_and_what_it_caches(capsys):
     assert got["entries"] == {"cpu": 1, "cpu_engine": 1, "cpu_pch": 1, "cpu_launcher": 1}
     with pytest.raises(SystemExit):
         cb.main(["--programs", "0"])
+
+
+@pytest.mark.slow          # four hccc processes on 8 GPUs: about 20 s
+def test_synth_scale_end_to_end_synthesises_then_compiles_each_collective(tmp_path):
+    """benchmarks/synth_scale.py --end-to-end on one node of 8 H20s: AllGather and AllReduce each
+    written by ``hccc synth`` and compiled by ``hccc``, the compile's kernels on disk, the seconds
+    of both commands summed against the target."""
+    mod = _load("synth_scale")
+    rows = mod.end_to_end([1], tmp_path)
+    assert [(r["gpus"], r["collective"]) for r in rows] == [(8, "allgather"), (8, "allreduce")]
+    for r in rows:
+        assert r["synth_rc"] == 0 and r["compile_rc"] == 0, r
+        assert r["transfers"] >= 8 * 7 * (2 if r["collective"] == "allreduce" else 1)
+        assert r["total_wall_s"] == pytest.approx(r["synth_wall_s"] + r["compile_wall_s"], abs=0.11)
+        assert r["within_target"] == (r["total_wall_s"] <= mod.END_TO_END_TARGET)
+        assert any((tmp_path / f"{r['collective']}_8").iterdir())

@@ -568,6 +568,17 @@ class _Setting:
         if p.lp_time > p.lower_bound * (1 + tr.LP_TOL):
             self.cut_by_limit.append(f"{name} packing stopped short of its LP optimum (proven bound "
                                      f"{p.lower_bound / p.lp_time:.4f} of its LP time)")
+        self.clock_cut(p, name)
+
+    def clock_cut(self, p: tr.Packing, name: str) -> None:
+        """Say where the clock, not a node limit, ended a rounding of ``p`` (what a slower machine
+        may round otherwise: :meth:`trees._Rounding.clock_cut`), once per packing and count."""
+        counts = p.stats.get("rounding_stopped_by_clock")
+        if counts:
+            note = (f"{name} rounding to {', '.join(map(str, counts))} chunks per rank stopped by the clock "
+                    "before its node limit")
+            if note not in self.cut_by_limit:
+                self.cut_by_limit.append(note)
 
 
 def _half_nets(st: _Setting) -> bool:
@@ -1085,6 +1096,8 @@ def _detail(st: _Setting, best: Candidate, candidates: list, cut: dict, not_need
         # the link model, which no program of it beats
         detail["simulated_candidates"] = {c.label(): c.rank[1] for c in candidates}
         detail["candidates"] = _listed(st, best, candidates)
+    for name, p in packs.items():          # re-rounded packings too (the clock's cuts of their roundings)
+        st.clock_cut(p, {"allgather": "AllGather", "reducescatter": "ReduceScatter"}[name])
     if st.cut_by_limit:
         detail["time_limit_cut"] = st.cut_by_limit
     if not_needed:

@@ -67,11 +67,17 @@ LP_TOL = 2e-4
 CHUNK_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 #: rounded packings within this factor of the LP time are accepted
 ROUND_TOL = 5e-3
-#: seconds the integral rounding (:func:`_milp_counts`) may spend over all chunk counts tried
-ROUND_MILP_SECONDS = 10.0
-#: seconds it may spend on one chunk count: where it finds counts at all it does so within a few
-#: hundredths of a second, while proving that none fits can take seconds per count
-ROUND_MILP_EACH = 0.5
+#: seconds the integral rounding (:func:`_milp_counts`) may spend over all chunk counts tried: a
+#: guard only, as :data:`ROUND_MILP_EACH`
+ROUND_MILP_SECONDS = 30.0
+#: seconds it may spend on one chunk count: a guard only, the node limit
+#: (:data:`ROUND_MILP_NODES`) decides, so that the counts do not depend on the machine's speed or
+#: load (where the guard ends a program first, the report says so: ``time_limit_cut``). Where it
+#: finds counts at all it does so within a few hundredths of a second; proving that none fits takes
+#: up to 2.5 s of CPU at the node limit (64 heterogeneous V100s, ``synth_scale.py``'s POD64, joint
+#: AllReduce at 6 and 8 chunks per rank: 2.2 and 2.5 s of CPU, 16 and 21 s of wall time on a
+#: loaded 2-core machine), so the former 0.5 s ended such programs by the clock on any machine
+ROUND_MILP_EACH = 5.0
 #: the exponents (times the LP time) of the regrowing's load prices, one sweep each
 #: (:meth:`_Rounding._regrown`), and the passes over every chunk each may make
 REGROW_ALPHAS = (16.0, 64.0)
@@ -901,6 +907,8 @@ class _Rounding:
             until = min(until, b0 + br.SECONDS - exact["spent"])
             got = br.integral_arcs(net, K, self.cs.cap, until, exact["sets"], exact["perms"]) if until > b0 else None
             exact["spent"] += clock.now() - b0
+            if got is None and clock.now() >= until:
+                exact.setdefault("clock_cut", set()).add(K)      # the clock, not a node limit, ended it
             exact["found"][K] = None if got is None else (got[0] * self.cs.scale, got[1])
         return exact["found"][K]
 
@@ -915,6 +923,7 @@ class _Rounding:
             exact["grown"][K] = br.trees_on(net, mult, K, clock.now() + br.SECONDS)
         trees = exact["grown"][K]
         if trees is None:
+            exact.setdefault("clock_cut", set()).add(K)          # growing them ran out of time
             return None
         load = np.zeros(cs.cap.size)
         for r, par, c in trees:
@@ -924,7 +933,7 @@ class _Rounding:
                        t_round / cs.scale, sol.rounds, len(cs.cols), self.lp_s + clock.now() - r0,
                        load[:net.npairs].copy(),
                        {"lp_trees": int((self.y > 1e-9).sum()), "symmetry": 1, "classes": int(cs.reps.size),
-                        "lp_rows": cs.norbits, "integral": True}, load, cs.capn * t_round, None, self.reround, None)
+                        "lp_rows": cs.norbits, "integral": True, **self.clock_cut()}, load, cs.capn * t_round, None, self.reround, None)
 
     # ------------------------------------------------------------ the loop over chunk counts
     def _tried(self, kmax: int, min_k: int, round_deadline: float) -> tuple[tuple, list]:
@@ -982,6 +991,16 @@ class _Rounding:
             return (exact_p,)
         return self._packings(K, t_round, np.r_[counts, np.zeros(len(self.cs.col_root) - counts.size, np.int64)], r0)
 
+    def clock_cut(self) -> dict:
+        """``{"rounding_stopped_by_clock": [K, ...]}``: the chunk counts whose rounding the clock
+        ended (its MILP's seconds guard, or no seconds left for it) rather than its node limit
+        (:meth:`round_to`'s seconds, finite only then), or whose integral packing
+        (:mod:`.branchings`, :meth:`integral_at`) its seconds ended; empty where none was. Only
+        these roundings may come out otherwise on a slower or busier machine."""
+        cut = sorted({K for K, got in self.rounded.items() if np.isfinite(got[2])}
+                     | set((self.exact or {}).get("clock_cut", ())))
+        return {"rounding_stopped_by_clock": cut} if cut else {}
+
     def _support(self) -> list | None:
         """With translates: the LP's trees of positive weight, every translate listed."""
         cs = self.cs
@@ -1024,7 +1043,7 @@ class _Rounding:
                                lo[:P].copy(),
                                {"lp_trees": int((self.y > 1e-9).sum()), "symmetry": cs.perms.shape[0],
                                 "classes": int(cs.reps.size), "lp_rows": cs.norbits,
-                                **({"joint": True} if self.joint else {})}, lo, li,
+                                **({"joint": True} if self.joint else {}), **self.clock_cut()}, lo, li,
                                None if cs.lp_only else cs.group, self.reround, support, exact=self.exact))
         return tuple(out)
 
