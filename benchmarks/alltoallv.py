@@ -30,15 +30,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import multiprocessing as mp
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from rank_processes import run_ranks, store_url  # noqa: E402
 CLUSTERS = {8: ROOT / "examples" / "clusters" / "a100_topo1.topo",
             16: ROOT / "examples" / "clusters" / "a100_topo2.topo"}
 #: bytes of a bfloat16 element (the activations MoE layers move)
@@ -103,10 +103,11 @@ def _mb(nbytes) -> str:
 
 
 # ------------------------------------------------------------------------------ measured
-def _gloo_rank(rank: int, world: int, url: str, counts: np.ndarray, iters: int, q) -> None:
+def _gloo_rank(rank: int, world: int, store_dir: str, counts: np.ndarray, iters: int) -> float:
+    """This rank's mean time of one gloo ``all_to_all_single`` of ``counts``, in us."""
     import torch
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world,
+    dist.init_process_group("gloo", init_method=store_url(store_dir), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     ins, outs = counts[rank].tolist(), counts[:, rank].tolist()
     x = torch.ones(sum(ins))
@@ -118,24 +119,13 @@ def _gloo_rank(rank: int, world: int, url: str, counts: np.ndarray, iters: int, 
         dist.all_to_all_single(y, x, outs, ins)
     dt = (time.perf_counter() - t0) / iters
     dist.barrier()
-    if rank == 0:
-        q.put(dt * 1e6)
     dist.destroy_process_group()
+    return dt * 1e6
 
 
 def gloo_us(counts: np.ndarray, iters: int) -> float:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    with tempfile.TemporaryDirectory() as d:
-        url = f"file://{d}/store"
-        n = len(counts)
-        procs = [ctx.Process(target=_gloo_rank, args=(r, n, url, counts, iters, q)) for r in range(n)]
-        for p in procs:
-            p.start()
-        got = q.get(timeout=600)
-        for p in procs:
-            p.join(60)
-    return float(got)
+    """Rank 0's mean time of gloo's ``all_to_all_single`` of ``counts``, one process a rank."""
+    return float(run_ranks(_gloo_rank, len(counts), (counts, iters), timeout_s=600)[0])
 
 
 def measured_rows(ranks: list[int], experts: int, tokens: int, zipf: float, iters: int) -> list[list[str]]:

@@ -14,23 +14,27 @@ GPU thread as an OS thread, so both numbers are host-thread timings, not GPU one
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import tempfile
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from hccc.args import parse_size
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rank_processes import run_ranks, store_url  # noqa: E402
 
-def _rank(rank: int, world: int, url: str, sizes: list[int], iters: int, q) -> None:
+
+def _rank(rank: int, world: int, store_dir: str, sizes: list[int], iters: int) -> dict[int, float]:
+    """This rank's mean wall time of one ``all_reduce`` per size, in us."""
     from hccc.compiler.frontend import generators as gen
     from hccc.compiler.passes.build import build_program
     from hccc.runtime.communicator import Communicator
 
     ir = build_program(gen.ring_allreduce(world), chunk_bytes=1 << 16)
     out = {}
-    with Communicator(ir, rank=rank, world_size=world, init_method=url) as comm:
+    with Communicator(ir, rank=rank, world_size=world, init_method=store_url(store_dir)) as comm:
         for nbytes in sizes:
             x = np.ones(nbytes // 4, dtype=np.float32)
             for _ in range(2):
@@ -39,7 +43,7 @@ def _rank(rank: int, world: int, url: str, sizes: list[int], iters: int, q) -> N
             for _ in range(iters):
                 comm.all_reduce(x)
             out[nbytes] = (time.perf_counter() - t0) / iters * 1e6
-    q.put((rank, out))
+    return out
 
 
 def main() -> None:
@@ -58,17 +62,7 @@ def main() -> None:
     with Runner(ir, "cpu") as runner:
         single = {n: runner.run(n, iters=args.iters, warmup=2).time_us for n in sizes}
 
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        url = f"file://{tmp}/store"
-        procs = [ctx.Process(target=_rank, args=(r, args.ranks, url, sizes, args.iters, q))
-                 for r in range(args.ranks)]
-        for p in procs:
-            p.start()
-        res = dict(q.get(timeout=1800) for _ in procs)
-        for p in procs:
-            p.join()
+    res = run_ranks(_rank, args.ranks, (sizes, args.iters), timeout_s=1800)
     print(f"# ring AllReduce, {args.ranks} ranks, CPU emulation, {args.iters} calls per size")
     print(f"{'bytes':>10} {'comm us':>10} {'runner us':>10} {'ratio':>7}")
     for n in sizes:

@@ -35,15 +35,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import multiprocessing as mp
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from rank_processes import run_ranks  # noqa: E402
+
 CATALOG = ROOT / "examples" / "torch" / "catalog4"
 
 
@@ -155,7 +156,7 @@ def _own_work(dist, comm, t, calls: int) -> tuple[float, float]:
 
 
 def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds: int, width: int,
-          steps: int, own_calls: int, q) -> None:
+          steps: int, own_calls: int) -> dict:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
@@ -172,7 +173,7 @@ def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds:
         t = torch.ones(nbytes // 4)
         dist.all_reduce(t)                      # makes the entry's communicator, builds its kernel
         entry = pg.catalog.select("allreduce", world, nbytes, "float32", "sum")[0]
-        comm = pg._communicator(entry, t.device, "float32", "sum")
+        comm = pg._jobs.communicator(entry, t.device, "float32", "sum")
         for _ in range(2):                      # warm: both paths' first calls of this shape
             comm.all_reduce(t)
             dist.all_reduce(t)
@@ -185,7 +186,7 @@ def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds:
     out["carried"] = hccc.torch.stats()["hccc"].get("allreduce", 0)
     t = torch.ones(sizes[0] // 4)
     entry = pg.catalog.select("allreduce", world, sizes[0], "float32", "sum")[0]
-    comm = pg._communicator(entry, t.device, "float32", "sum")
+    comm = pg._jobs.communicator(entry, t.device, "float32", "sum")
     dist.barrier()
     # rank 0 alone (the others wait on the store, idle): no peer shares its cores meanwhile
     store = dist.FileStore(f"{tmp}/own-work", world)
@@ -199,7 +200,7 @@ def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds:
     os.environ.pop("HCCC_ALGO_DIR", None)
     out["ddp"] = {"hccc": _ddp_step_ms("hccc", rank, world, f"file://{tmp}/store-ddp-hccc", width, steps),
                   "gloo": _ddp_step_ms("gloo", rank, world, f"file://{tmp}/store-ddp-gloo", width, steps)}
-    q.put((rank, out))
+    return out
 
 
 def run(world: int, sizes: list[int], iters: int, rounds: int, width: int, steps: int,
@@ -208,18 +209,7 @@ def run(world: int, sizes: list[int], iters: int, rounds: int, width: int, steps
     same for the direct call against itself), ``own`` (direct
     us, backend us with the launch stubbed out), ``ddp`` {backend: ms}, ``carried`` (allreduce calls
     hccc's kernels ran)."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_rank, args=(r, world, tmp, sizes, iters, rounds, width, steps,
-                                                 own_calls, q))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        got = dict(q.get(timeout=1800) for _ in procs)
-        for p in procs:
-            p.join()
-    return got[0]
+    return run_ranks(_rank, world, (sizes, iters, rounds, width, steps, own_calls), timeout_s=1800)[0]
 
 
 def main() -> None:

@@ -25,18 +25,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing as mp
-import os
 import statistics
 import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import gpu_common as common  # noqa: E402
+from rank_processes import RankJobError, run_ranks, store_url  # noqa: E402
 
 COLLECTIVES = ("all_reduce", "all_to_all_single")
 
@@ -64,7 +61,7 @@ def _timed(torch, dist, dev, fn, iters: int) -> list:
     return out
 
 
-def rank_job(rank: int, world: int, url: str, device: str, sizes: list, iters: int, timeout_s: float) -> list:
+def rank_job(rank: int, world: int, store_dir: str, device: str, sizes: list, iters: int, timeout_s: float) -> list:
     """One rank's rows (module docstring)."""
     import torch
     import torch.distributed as dist
@@ -72,7 +69,7 @@ def rank_job(rank: int, world: int, url: str, device: str, sizes: list, iters: i
     import hccc.torch  # noqa: F401  (registers the backend)
     dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
     backend = "cpu:gloo,cuda:hccc" if device == "cuda" else "cpu:hccc"
-    dist.init_process_group(backend, init_method=url, rank=rank, world_size=world,
+    dist.init_process_group(backend, init_method=store_url(store_dir), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     ref = dist.new_group(backend="gloo")
     rows = []
@@ -113,41 +110,12 @@ def rank_job(rank: int, world: int, url: str, device: str, sizes: list, iters: i
     return rows
 
 
-def _entry(rank, world, url, args, q) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        q.put((rank, True, rank_job(rank, world, url, *args)))
-    except BaseException as exc:      # the rank's error is the row's reason
-        q.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-
-
 def run(device: str, world: int, sizes: list, iters: int, timeout_s: float) -> dict:
     """Every rank's rows, rank 0's reported; ``{"rows", "ok", "error"}``."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="hccc-torch-gpu-") as tmp:
-        url = f"file://{tmp}/store"
-        procs = [ctx.Process(target=_entry, args=(r, world, url, (device, sizes, iters, timeout_s), q))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        replies = {}
-        deadline = time.monotonic() + timeout_s
-        while len(replies) < world and time.monotonic() < deadline:
-            try:
-                r, ok, val = q.get(timeout=0.5)
-                replies[r] = (ok, val)
-            except Exception:
-                if all(not p.is_alive() for p in procs) and q.empty():
-                    break
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    errors = [f"rank {r}: {replies[r][1] if r in replies else 'no answer'}" for r in range(world)
-              if not replies.get(r, (False, None))[0]]
-    rows = replies[0][1] if replies.get(0, (False, None))[0] else []
+    try:
+        rows, errors = run_ranks(rank_job, world, (device, sizes, iters, timeout_s), timeout_s=timeout_s)[0], []
+    except RankJobError as exc:
+        rows, errors = [], [f"rank {r}: {why}" for r, why in sorted(exc.reasons.items())]
     for row in rows:
         row["status"] = "ok" if row["max_diff"] == 0.0 else f"differs from gloo by {row['max_diff']}"
     ok = not errors and bool(rows) and all(r["status"] == "ok" for r in rows)

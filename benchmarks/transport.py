@@ -50,12 +50,16 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
 import numpy as np
 
 from hccc.args import parse_size
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rank_processes import run_ranks, store_url  # noqa: E402
 
 
 # ------------------------------------------------------------------------------ ucx_perftest
@@ -346,14 +350,15 @@ class PathPair:
 
 
 # ------------------------------------------------------------------------------ AllReduce vs gloo
-def _ar_rank(rank, url, tls, sizes, iters, q):
+def _ar_rank(rank: int, world: int, store_dir: str, tls: str, sizes: list[int], iters: int) -> dict:
+    """This rank's median seconds of one all_reduce per size and path: {bytes: {path: s}}."""
     os.environ["UCX_TLS"] = tls
     import torch
     import torch.distributed as dist
     from hccc.compiler.frontend import generators as gen
     from hccc.compiler.passes.build import build_program
     from hccc.runtime.communicator import Communicator
-    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=4)
+    dist.init_process_group("gloo", init_method=store_url(store_dir), rank=rank, world_size=world)
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=1 << 18)
     # the same program twice: on two nodes (the ring crosses them twice, over UCX) and, for
     # comparison, as if the four processes were one node (shared memory, no transport)
@@ -381,19 +386,11 @@ def _ar_rank(rank, url, tls, sizes, iters, q):
     for c in comms.values():
         c.close()
     dist.destroy_process_group()
-    q.put((rank, res))
+    return res
 
 
 def allreduce(sizes, iters, tls) -> dict:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    url = "file://" + tempfile.mktemp(prefix="hccc-bench-")
-    ps = [ctx.Process(target=_ar_rank, args=(r, url, tls, sizes, iters, q)) for r in range(4)]
-    for p in ps:
-        p.start()
-    out = dict(q.get(timeout=3600) for _ in ps)
-    for p in ps:
-        p.join(60)
+    out = dict(enumerate(run_ranks(_ar_rank, 4, (tls, sizes, iters), timeout_s=3600)))
     # a collective takes as long as its slowest rank
     return {s: {k: max(out[r][s][k] for r in out) for k in ("hccc", "one_node", "gloo")}
             for s in sizes}
