@@ -200,7 +200,8 @@ def _by_trees(topo, net: Network, coll: str, root: int, time_limit: float, bandw
               tree_score: Callable | None, t0: float) -> SynthResult:
     """:func:`synthesize` by the tree packing (:mod:`.forest`, :mod:`.broadcast_trees`)."""
     from hccc.compiler.synth.forest import resident_blocks, synthesize_trees
-    from hccc.compiler.synth.trees import TREE_COLLECTIVES, pair_bandwidth
+    from hccc.compiler.synth.packing import pair_bandwidth
+    from hccc.compiler.synth.trees import TREE_COLLECTIVES
 
     n = net.nranks
     if coll not in TREE_COLLECTIVES:
