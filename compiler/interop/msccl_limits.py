@@ -38,10 +38,17 @@ def _worst(counts: np.ndarray) -> tuple[int, int]:
 def check_algorithm_fits(alg: Algorithm, lim: XmlLimits, *, instances: int = 1, fuse: bool = False) -> None:
     """Raise :class:`CompileError` naming the first runtime limit ``alg``'s MSCCL export must exceed
     (and the option that relaxes it); return quietly when none is certain to be exceeded."""
-    n = int(alg.header.nranks)
+    check_transfers_fit(alg.src, alg.dst, int(alg.header.nranks), lim, instances=instances, fuse=fuse)
+
+
+def check_transfers_fit(src, dst, nranks: int, lim: XmlLimits, *, instances: int = 1, fuse: bool = False) -> None:
+    """:func:`check_algorithm_fits` of a program given by its transfers alone (``src[i] -> dst[i]``
+    on ``nranks`` ranks): what it reads of an Algorithm, so that a program can be checked before
+    it is one (``hccc synth --for msccl`` checks its candidates so)."""
+    n = int(nranks)
     k = int(instances)
-    src = np.asarray(alg.src, dtype=np.int64)
-    dst = np.asarray(alg.dst, dtype=np.int64)
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
     msgs: list[str] = []
     if len(src):
         keys, pair = np.unique(src * n + dst, return_counts=True)
@@ -89,4 +96,4 @@ def check_algorithm_fits(alg: Algorithm, lim: XmlLimits, *, instances: int = 1, 
         raise CompileError([Diagnostic("the algorithm does not fit the MSCCL runtime: " + m, None) for m in msgs])
 
 
-__all__ = ["check_algorithm_fits"]
+__all__ = ["check_algorithm_fits", "check_transfers_fit"]

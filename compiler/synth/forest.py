@@ -454,6 +454,7 @@ class PackSet:
         self.halved = False          # re-rounded to fewer streams (FEWER_STREAMS_ABOVE)
         self.alternated = False      # its integral trees' LP rounding was queued (Packing.alternative)
         self.integral_built = False  # its integral trees were built (unshaped, once)
+        self.engine_refitted = False  # re-rounded to fewer chunks for the target engine (``engine``)
         #: the simulated seconds of the program it was re-rounded from to fewer streams: another
         #: halving only while each is faster than that
         self.thinned_from = np.inf
@@ -500,12 +501,14 @@ class _Lazy:
 @dataclass
 class Job:
     """A program to build: its packings (or the maker of them) at ``chunks`` per rank, joint or
-    not, reshaped by ``shape`` ("" unshaped)."""
+    not, reshaped by ``shape`` ("" unshaped); for a target engine, ``own_connections``: a
+    connection per stream kept, at the most pieces the engine takes (:meth:`_Builder.engine_program`)."""
 
     chunks: int
     packs: PackSet | _Lazy
     joint: bool
     shape: str
+    own_connections: bool = False
 
 
 @dataclass
@@ -533,7 +536,8 @@ class Candidate:
 
     def label(self) -> str:
         return (f"K={self.chunks} {self.shape or ('joint' if self.packs.joint else 'unshaped')}"
-                + (f" bundles of {self.most}" if self.most else "") + f" blocks {self.blocks}"
+                + (f" bundles of {self.most}" if self.most else " one connection a pair" if self.most == 0 else "")
+                + f" blocks {self.blocks}"
                 + (f" of {self.warps} warps" if self.warps != WARPS else ""))
 
 
@@ -555,6 +559,9 @@ class _Setting:
     deadline: float
     pack_deadline: float
     own_bw: bool = False         # ``bw`` is the network's own (no ``pair_bw`` given)
+    #: the target engine's check of a program's rows on one channel: why it refuses them (None:
+    #: it runs them), see :func:`synthesize_trees`
+    engine: Callable[[np.ndarray], str | None] | None = None
     nets: dict = field(default_factory=dict)
     cut_by_limit: list = field(default_factory=list)   # what the time limit cut (``detail["time_limit_cut"]``)
     halves_s: float = 0.0        # what the packings of the halves took (:func:`_pack_halves`)
@@ -849,13 +856,47 @@ class _Builder:
         return rows, info
 
     def program(self, job: Job, pk: PackSet):
-        """``bundled``'s program of ``pk`` shaped ``job.shape``, and its split."""
+        """``bundled``'s program of ``pk`` shaped ``job.shape``, and its split (for a target engine:
+        :meth:`engine_program`)."""
         st = self.st
         split = split_for(job.chunks, st.net.nranks, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
+        if st.engine is not None:
+            return self.engine_program(job, pk, split)
         return split, bundled(
             lambda m: self.build(job.shape, pk, split, m), lambda m, w: self.channels_of(pk, m, w),
             lambda m: stream_blocks(self.shaped_set(pk, job.shape), m),
             st.net.nranks, st.max_blocks, st.resident)
+
+
+    def engine_program(self, job: Job, pk: PackSet, split: int):
+        """The program of ``pk`` as the target engine runs it: the first the engine's check
+        (``st.engine``) accepts of every chunk cut ``split`` ways, then half as many, down to one,
+        each with a connection per stream, then the streams of a tree in bundles of each of
+        :data:`BUNDLE_SIZES` (a bundle's streams share a connection), then every stream of a pair
+        on one connection. A connection is a thread block at each end in every engine, whose
+        operations and steps are its transfers, so more connections and more pieces are what the
+        engines' limits on thread blocks, operations and steps refuse, and what is given up first
+        is the fewest of them. ``fits`` is whether the check accepts the program kept (no other
+        residency applies: the engine's limit on thread blocks is in its check), one block per
+        thread block (the engines copy a program per channel). With ``job.own_connections`` the
+        streams keep a connection each and only the pieces are fewer. Returns what :meth:`program`
+        does, ``most`` 0 where every stream of a pair shares its connection."""
+        st = self.st
+        while True:
+            for most in (None,) if job.own_connections else (None,) + BUNDLE_SIZES + (0,):
+                rows, info = self.build(job.shape, pk, split, most or None)
+                if most == 0:
+                    rows[:, 5] = 0         # every stream of a pair on one connection
+                why = st.engine(rows)
+                if why is None:
+                    break
+            if why is None or split == 1:
+                break
+            split //= 2
+        if most is not None:
+            info["loops"] = None           # the loops carry a channel per stream
+        blocks = int(blocks_per_rank(rows, st.net.nranks).max())
+        return split, (rows, info, 1, most, blocks, WARPS, why is None, blocks)
 
 
 class _Selection(SelectionLoop):
@@ -942,14 +983,22 @@ class _Selection(SelectionLoop):
         if any(p.stats.get("integral") for p in pk.values()):
             # integral trees (packing.Packing.alternative) fill their resources, so the shaping passes
             # have next to no room to move them: one candidate, unshaped
-            if pk.integral_built:
+            if pk.integral_built and not job.own_connections:
                 self.not_needed += 1
                 return
             pk.integral_built = True
             job.shape = ""
         b0 = clock.now()
         split, (rows, info, ch, most, blocks, warps, fits, own) = self.builder.program(job, pk)
-        if (most is not None or warps < WARPS or not fits) and self.st.score is not None and not pk.refitted:
+        if self.st.engine is not None:
+            if not fits:
+                self._refit_engine(job, pk)
+            elif most is not None and not job.own_connections:
+                # streams sharing connections at many pieces, or a connection each at fewer: the
+                # simulator decides (12 H20s' ReduceScatter for MSCCL++: one connection per pair at
+                # 32 chunks per rank ran at 0.59 of the bound)
+                self.queue.appendleft(Job(job.chunks, pk, job.joint, job.shape, own_connections=True))
+        elif (most is not None or warps < WARPS or not fits) and self.st.score is not None and not pk.refitted:
             if self._refit(job, pk, own):
                 return
         st, settled = self.st, self._settled()
@@ -996,6 +1045,19 @@ class _Selection(SelectionLoop):
                 again = more
                 break
         return again
+
+    def _refit_engine(self, job: Job, pk: PackSet) -> None:
+        """The target engine refuses ``job``'s program even with every chunk whole: the same LP
+        rounded to the next fewer chunks per rank (of :data:`.rounding.CHUNK_CANDIDATES`) is built
+        next, and so on while the engine refuses (a rank's transfers, and so the operations and
+        steps of its connections, grow with the chunks per rank)."""
+        if pk.engine_refitted:
+            return
+        pk.engine_refitted = True
+        k = max((c for c in CHUNK_CANDIDATES if c < job.chunks), default=0)
+        again = self._reround(pk, k) if k and self.st.deadline - clock.now() > 0 else None
+        if again is not None and again.chunks < job.chunks:
+            self.queue.appendleft(Job(again.chunks, again, job.joint, job.shape))
 
     def _refit(self, job: Job, pk: PackSet, own: int) -> bool:
         """Bundles cost rate (a bundle takes one fair share where its streams took one each), and
@@ -1108,6 +1170,8 @@ def _detail(st: _Setting, best: Candidate, candidates: list, cut: dict, not_need
     if not_needed:
         detail["candidates_not_built"] = not_needed
     detail["channels_per_pair"] = int(best.rows[:, 5].max()) + 1 if len(best.rows) else 1
+    if st.engine is not None and best.fits:
+        detail["engine_fitted"] = True     # built for the target engine, and its check accepts it
     if "channels_folded" in info:          # more streams on a pair than channels (fold_channels)
         detail["channels_folded_from"] = int(info["channels_folded"])
     return detail
@@ -1137,7 +1201,8 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                      total_bytes: float = float(1 << 30), time_limit: float = 60.0,
                      score: Callable[[str, np.ndarray, int, int, int], float] | None = None,
                      block_gbps: float | None = DEFAULT_BLOCK_GBPS, max_chunks: int | None = None,
-                     max_blocks: int | None = None, resident: Callable[[int], int | None] | None = None):
+                     max_blocks: int | None = None, resident: Callable[[int], int | None] | None = None,
+                     engine: Callable[[np.ndarray], str | None] | None = None):
     """The tree-packing program of ``collective`` (allgather, reducescatter, allreduce) on ``net``.
 
     ``pair_bw``: bytes/s of every pair as the simulator runs it (default ``net.bw``);
@@ -1147,7 +1212,12 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     true once a program ran so close to the bound that none is simulated any more, ends the
     building of candidates while the best one fits); ``max_blocks``: the blocks a rank keeps
     resident at once at :data:`WARPS` warps per block (None: no limit), ``resident(warps)`` at
-    fewer (None: no fewer warps), see :func:`bundled`.
+    fewer (None: no fewer warps), see :func:`bundled`. ``engine(rows)``: the limits of the engine
+    the program is for, as a check of a candidate's rows on one channel saying why the engine
+    refuses them (None: it runs them): every candidate is then built on one channel, its chunks
+    cut into fewer pieces and re-rounded to fewer chunks per rank while the check refuses
+    (:meth:`_Builder.engine_program`, :meth:`_Selection._refit_engine`), and the candidates it
+    accepts rank before the others, the fastest first.
 
     Stages: an AllReduce's joint packing first where it goes first (:func:`_joint_first`, the
     halves then packed beside its first simulation: :class:`_Later`), the packings
@@ -1163,7 +1233,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     # bound when stopped); the rest is for building the program and the caller's work after it
     st = _Setting(coll, net, np.asarray(net.bw if pair_bw is None else pair_bw, float), float(total_bytes) / max(n, 1),
                   block_gbps, max_blocks, resident, max_chunks, score, t0, t0 + float(time_limit),
-                  t0 + PACK_SHARE * float(time_limit), own_bw=pair_bw is None)
+                  t0 + PACK_SHARE * float(time_limit), own_bw=pair_bw is None, engine=engine)
     builder = _Builder(st)
     joint, cut, first = _joint_first(st) or (None, None, False)
     if first:
