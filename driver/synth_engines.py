@@ -58,7 +58,8 @@ def transfers_check(engine: str, topo):
     program's transfer rows (``src, dst, step, chunk, op[, channel]``) without building the
     program: the MSCCL executor's up-front check
     (:func:`hccc.compiler.interop.msccl_limits.check_transfers_fit`: steps, channels, thread
-    blocks, XML elements), the MSCCL++ executor's thread blocks as its plan would have them
+    blocks, XML elements) and the ids its dependencies may name
+    (:func:`hccc.compiler.interop.msccl_limits.connection_refusal`), the MSCCL++ executor's thread blocks as its plan would have them
     (:func:`hccc.compiler.interop.mscclpp_limits.estimate_refusal`); why the engine refuses them
     (one line), or None. What ``--for`` gives the tree packing as the engine's limits
     (:func:`hccc.compiler.synth.forest.synthesize_trees`); the exporter decides on the program
@@ -68,12 +69,15 @@ def transfers_check(engine: str, topo):
     n = int(topo.nranks)
     if engine == "xml":
         from hccc.compiler.interop.msccl_format import XmlLimits
-        from hccc.compiler.interop.msccl_limits import check_transfers_fit as xml_fits
+        from hccc.compiler.interop.msccl_limits import check_transfers_fit as xml_fits, connection_refusal
 
         lim = XmlLimits()
 
         def fits(rows):
             xml_fits(rows[:, 0], rows[:, 1], n, lim)
+            why = connection_refusal(rows[:, 0], rows[:, 1], rows[:, 5] if rows.shape[1] > 5 else None, n, lim)
+            if why is not None:
+                raise CompileError([Diagnostic("the algorithm does not fit the MSCCL runtime: " + why, None)])
     else:
         from hccc.compiler.interop.mscclpp_export import node_map
         from hccc.compiler.interop.mscclpp_limits import estimate_refusal
