@@ -64,6 +64,7 @@ def measure(topo, chunks: int, split: int | None, size: int, slice_bytes: int | 
     from hccc.compiler.synth import to_algorithm
     from hccc.compiler.synth import forest as fo
     from hccc.compiler.synth import trees as tr
+    from hccc.compiler.synth.packing import pair_bandwidth
     from hccc.compiler.synth.bounds import collective_cut_bound_seconds
     from hccc.compiler.synth.collectives import SynthResult
     from hccc.compiler.synth.problem import network_from_topology
@@ -74,7 +75,7 @@ def measure(topo, chunks: int, split: int | None, size: int, slice_bytes: int | 
     if not net.is_self_transposed():
         raise SystemExit(f"rs_ag_gap.py: {topo.name} is not its own transpose (its ReduceScatter packs apart)")
     n = net.nranks
-    packing = tr.pack_trees(net, pair_bw=tr.pair_bandwidth(topo), max_chunks=chunks)
+    packing = tr.pack_trees(net, pair_bw=pair_bandwidth(topo), max_chunks=chunks)
     if packing.chunks_per_rank != chunks:
         packing = packing.reround(chunks)[0]
     bound = collective_cut_bound_seconds(net, "allgather", n, 1, 0, float(size))

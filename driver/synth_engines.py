@@ -4,16 +4,19 @@ The MSCCL executors run an exported XML, the MSCCL++ executor a plan; each has l
 thread block, thread blocks per rank, XML elements, channels: :mod:`hccc.compiler.interop.msccl_limits`,
 :mod:`hccc.compiler.interop.mscclpp_limits`). A program synthesized for one of them is written the
 way that engine expresses it without races (one channel: the engines give every channel its own
-copy of the program, which the streams of a tree program do not split), and it is kept only when
-the engine's own exporter accepts it (:func:`export_refusal`): the very check ``hccc xml`` and
-``hccc plan`` make, with their default limits. Without ``--for``, the report names the engines
+copy of the program, which the streams of a tree program do not split). The engine's limits are
+constraints of the tree packing's candidates (:func:`transfers_check`, the up-front check of its
+exporter on a candidate's transfers: chunks cut into fewer pieces, fewer chunks per rank, while it
+refuses; the fastest candidate it accepts kept), and the program is kept only when the engine's own
+exporter accepts it (:func:`export_refusal`): the very check ``hccc xml`` and ``hccc plan`` make,
+with their default limits. Without ``--for``, the report names the engines
 whose up-front checks certainly refuse the program written (:func:`certain_refusals`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from hccc.util.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError, Diagnostic
 
 #: the engines ``--for`` names, and what each is called in messages
 ENGINES = {"xml": "the MSCCL executor (MSCCL XML)", "mscclpp": "the MSCCL++ executor (plan)"}
@@ -21,10 +24,12 @@ ENGINES = {"xml": "the MSCCL executor (MSCCL XML)", "mscclpp": "the MSCCL++ exec
 
 def for_engine(result) -> None:
     """``result`` (a :class:`~hccc.compiler.synth.collectives.SynthResult`) as every engine runs it:
-    one channel, no per-stream channel column, no loops over channels."""
+    one channel (one block per thread block: the engines copy a program per channel), no loops
+    over channels, and no per-stream channel column, unless the program was built for the engine
+    (``detail["engine_fitted"]``: the tree packing's, whose connections the engine's check counted)."""
     result.detail["channels"] = 1
     result.detail["channels_fitted"] = None
-    if result.rows.ndim == 2 and result.rows.shape[1] > 5:
+    if result.rows.ndim == 2 and result.rows.shape[1] > 5 and not result.detail.get("engine_fitted"):
         result.rows = np.ascontiguousarray(result.rows[:, :5])
     result.loops = None
 
@@ -46,6 +51,54 @@ def plan_check_seconds(ntransfers: int) -> float:
     """Predicted seconds of :func:`certain_refusals` on a program of ``ntransfers`` transfers."""
     m = max(0, int(ntransfers))
     return PLAN_CHECK_SECONDS_PER_TRANSFER * m if m <= PLAN_CHECK_MAX_TRANSFERS else 0.0
+
+
+def transfers_check(engine: str, topo):
+    """``check(rows) -> why | None``: ``engine``'s limits, with its exporter's defaults, weighed on a
+    program's transfer rows (``src, dst, step, chunk, op[, channel]``) without building the
+    program: the MSCCL executor's up-front check
+    (:func:`hccc.compiler.interop.msccl_limits.check_transfers_fit`: steps, channels, thread
+    blocks, XML elements) and the ids its dependencies may name
+    (:func:`hccc.compiler.interop.msccl_limits.connection_refusal`), the MSCCL++ executor's thread blocks as its plan would have them
+    (:func:`hccc.compiler.interop.mscclpp_limits.estimate_refusal`); why the engine refuses them
+    (one line), or None. What ``--for`` gives the tree packing as the engine's limits
+    (:func:`hccc.compiler.synth.forest.synthesize_trees`); the exporter decides on the program
+    kept (:func:`export_refusal`)."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r} (expected one of {', '.join(ENGINES)})")
+    n = int(topo.nranks)
+    if engine == "xml":
+        from hccc.compiler.interop.msccl_format import XmlLimits
+        from hccc.compiler.interop.msccl_limits import check_transfers_fit as xml_fits, connection_refusal
+
+        lim = XmlLimits()
+
+        def fits(rows):
+            xml_fits(rows[:, 0], rows[:, 1], n, lim)
+            why = connection_refusal(rows[:, 0], rows[:, 1], rows[:, 5] if rows.shape[1] > 5 else None, n, lim)
+            if why is not None:
+                raise CompileError([Diagnostic("the algorithm does not fit the MSCCL runtime: " + why, None)])
+    else:
+        from hccc.compiler.interop.mscclpp_export import node_map
+        from hccc.compiler.interop.mscclpp_limits import estimate_refusal
+        from hccc.compiler.interop.mscclpp_plan import PlanLimits
+
+        lim, nodes = PlanLimits(), node_map(n, topology=topo)
+
+        def fits(rows):
+            why = estimate_refusal(rows[:, 0], rows[:, 1], lim, nodes=nodes,
+                                   channel=rows[:, 5] if rows.shape[1] > 5 else None)
+            if why is not None:
+                raise CompileError([Diagnostic("the program does not fit the MSCCL++ executor: " + why, None)])
+
+    def check(rows) -> str | None:
+        try:
+            fits(np.asarray(rows))
+        except CompileError as exc:
+            d = exc.diagnostics[0] if getattr(exc, "diagnostics", None) else None
+            return (d.message if d is not None else str(exc)).splitlines()[0]
+        return None
+    return check
 
 
 def certain_refusals(alg, topo) -> dict[str, str | None]:
@@ -108,4 +161,5 @@ def export_refusal(result, topo, engine: str) -> str | None:
     return None
 
 
-__all__ = ["ENGINES", "PLAN_CHECK_MAX_TRANSFERS", "PLAN_CHECK_SECONDS_PER_TRANSFER", "certain_refusals", "export_refusal", "for_engine", "plan_check_seconds"]
+__all__ = ["ENGINES", "PLAN_CHECK_MAX_TRANSFERS", "PLAN_CHECK_SECONDS_PER_TRANSFER", "certain_refusals", "export_refusal", "for_engine", "plan_check_seconds",
+           "transfers_check"]

@@ -172,7 +172,7 @@ def check_options(topo, opts: SynthOptions) -> SynthOptions:
     ``auto`` resolved to the search where a search-only option was given."""
     from hccc.util.limits import check_synth_size
     from hccc.compiler.synth.emit import dsl_collective
-    from hccc.compiler.synth.plan import ENGINE_CHOICES, METHOD_CHOICES
+    from hccc.compiler.synth.plan import ENGINE_CHOICES, ENGINE_OF_CHOICE, METHOD_CHOICES
 
     _check_values(opts)
     coll = opts.collective.lower()
@@ -206,7 +206,8 @@ def check_options(topo, opts: SynthOptions) -> SynthOptions:
         if coll not in TREE_COLLECTIVES:
             raise CompileError([Diagnostic(f"--method trees builds {', '.join(TREE_COLLECTIVES)}, "
                                            f"not {coll}", None)])
-    return replace(opts, collective=coll, method=method, cluster_name=opts.cluster_name or topo.name)
+    return replace(opts, collective=coll, method=method, cluster_name=opts.cluster_name or topo.name,
+                   engine=None if opts.engine is None else ENGINE_OF_CHOICE[opts.engine])
 
 
 def synthesize_programs(topo, opts: SynthOptions, *, deadline: clock.Deadline | None = None,
@@ -604,6 +605,7 @@ class _Choices(SelectionLoop):
     def _make(self, how: str, until: float, smt: bool | None = None, ceiling: float | None = None,
               known_bound: float | None = None):
         from hccc.compiler.synth import synthesize
+        from hccc.synth_engines import transfers_check
 
         opts, topo, size, sims = self.opts, self.topo, self.size, self.sims
         sim = opts.sim_select and self.simulated
@@ -619,7 +621,8 @@ class _Choices(SelectionLoop):
                               pod_ranks=opts.pod_size, use_smt=opts.smt if smt is None else smt,
                               variants=opts.variants, score=score, bandwidth_bound_bytes=size, method=how,
                               tree_score=tree_simulated_score(sims) if sim and how == "trees" else None,
-                              known_bound_seconds=known_bound)
+                              known_bound_seconds=known_bound,
+                              engine=transfers_check(opts.engine, topo) if opts.engine and how == "trees" else None)
         except ValueError as exc:
             raise CompileError([Diagnostic(f"{opts.cluster_name}: {exc}", None)]) from None
         finally:

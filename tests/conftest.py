@@ -223,9 +223,9 @@ def packing_without_classes(monkeypatch):
     """The tree packing's LP over every root, without the classes of a cluster of several kinds of
     node (:func:`hccc.compiler.synth.symmetry.class_symmetry`), whose LP often finds one tree per
     root: for tests whose premise is a packing of several chunks per rank."""
-    from hccc.compiler.synth import trees
+    from hccc.compiler.synth import packing_lp
 
-    monkeypatch.setattr(trees, "class_symmetry", lambda net, bw=None: None)
+    monkeypatch.setattr(packing_lp, "class_symmetry", lambda net, bw=None: None)
 
 
 def _descendants(pid: int) -> set[int]:

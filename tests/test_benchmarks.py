@@ -277,12 +277,13 @@ def test_rs_ag_gap_simulates_both_halves_of_one_packing(capsys):
     from hccc.compiler.synth import forest as fo
     from hccc.compiler.synth import to_algorithm
     from hccc.compiler.synth import trees as tr
+    from hccc.compiler.synth.packing import pair_bandwidth
     from hccc.compiler.synth.collectives import SynthResult
     from hccc.compiler.synth.problem import network_from_topology
 
     topo = load_topology(ROOT / "examples" / "clusters" / "a100_topo1.topo")
     net = network_from_topology(topo)
-    pk = tr.pack_trees(net, pair_bw=tr.pair_bandwidth(topo), max_chunks=2)
+    pk = tr.pack_trees(net, pair_bw=pair_bandwidth(topo), max_chunks=2)
     ag, rs = fo.stream_rows(pk, "allgather", 2), fo.stream_rows(pk, "reducescatter", 2)
     assert sorted(map(tuple, ag[:, [0, 1, 3]].tolist())) == sorted(map(tuple, rs[:, [1, 0, 3]].tolist()))
     for rows in (ag, rs):

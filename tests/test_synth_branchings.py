@@ -15,6 +15,7 @@ from hccc.compiler.cluster.topo_parser import ClusterSpec, LinkSpec, NodeSpec, f
 from hccc.compiler.synth import branchings as br
 from hccc.compiler.synth import network_from_topology
 from hccc.compiler.synth import trees as tr
+from hccc.compiler.synth.tree_rows import allgather_rows
 from hccc.util import clock
 from synth_oracles import walk_depths
 from synth_oracles import M, mi250, model_time, optimum, clusters
@@ -155,7 +156,7 @@ def test_two_mi250_nodes_pack_three_trees_per_root_at_the_fixed_k_optimum():
     pk = tr.pack_trees(net, min_chunks=3, max_chunks=3)
     assert pk.stats.get("integral") and pk.chunks_per_rank == 3
     assert pk.lower_bound == pytest.approx(pk.lp_time, rel=1e-3)
-    frac = pk.lower_bound * M / net.nranks / model_time(topo, tr.allgather_rows(pk), 3)
+    frac = pk.lower_bound * M / net.nranks / model_time(topo, allgather_rows(pk), 3)
     assert frac == pytest.approx(0.968, abs=1e-3)
     assert pk.alternative is not None and not pk.alternative.stats.get("integral")
     assert pk.alternative.lower_bound / pk.alternative.rounded_time < 0.91
@@ -220,7 +221,7 @@ def test_four_mi250_nodes_reach_the_optimum_with_three_trees_per_root():
     pk = tr.pack_trees(net, max_chunks=12, round_tol=1e-3)
     assert pk.stats.get("integral") and pk.chunks_per_rank == 3
     assert pk.lower_bound == pytest.approx(pk.lp_time, rel=1e-3)
-    assert pk.lower_bound * M / net.nranks / model_time(topo, tr.allgather_rows(pk), 3) == pytest.approx(1.0, abs=1e-6)
+    assert pk.lower_bound * M / net.nranks / model_time(topo, allgather_rows(pk), 3) == pytest.approx(1.0, abs=1e-6)
     # grown one after another, the last trees snaked up to 26 levels deep; the exchanges
     # (compiler/synth/exchanges.py), which keep every arc, leave none deeper than 16
     assert max(max(walk_depths(p)) for p in pk.parents) <= 16

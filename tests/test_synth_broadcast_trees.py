@@ -29,7 +29,7 @@ from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkS
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth import network_from_topology, synthesize
 from hccc.compiler.synth import broadcast_trees as bt
-from hccc.compiler.synth.trees import pair_bandwidth
+from hccc.compiler.synth.packing import pair_bandwidth
 from synth_oracles import model_time, simulated_fraction, clusters, flow_optimum
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"

@@ -101,22 +101,24 @@ def test_a_rounding_the_clock_ended_is_said_and_one_its_node_limit_ended_is_not(
     its seconds guard ends it first: the packing lists the chunk counts whose rounding the clock
     ended, and none where the guard is left its default room."""
     from hccc.compiler.synth import network_from_topology
+    from hccc.compiler.synth import rounding
     from hccc.compiler.synth import trees as tr
+    from hccc.compiler.synth.packing import PackOptions
 
     net = network_from_topology(_pod64())
     calls = []
-    real = tr._milp_counts
+    real = rounding._milp_counts
 
     def counted(*a, **k):
         calls.append(a[3])
         return real(*a, **k)
 
     import unittest.mock
-    with unittest.mock.patch.object(tr, "_milp_counts", counted):
+    with unittest.mock.patch.object(rounding, "_milp_counts", counted):
         free = tr.pack_trees(net)
     assert calls, "the example needs the MILP"
     assert "rounding_stopped_by_clock" not in free.stats
-    starved = tr.pack_trees(net, options=tr.PackOptions(round_milp_each=0.0))
+    starved = tr.pack_trees(net, options=PackOptions(round_milp_each=0.0))
     assert set(starved.stats["rounding_stopped_by_clock"]) >= {k for k in calls if k <= starved.chunks_per_rank}
 
 
@@ -124,16 +126,16 @@ def test_the_report_says_where_the_clock_ended_a_rounding(monkeypatch):
     """A packing whose rounding the clock ended puts it in ``time_limit_cut`` (the report's "time
     limit:" line), once per packing and count, and the program is marked as cut."""
     from hccc.compiler.synth import forest
-    from hccc.compiler.synth import trees as tr
+    from hccc.compiler.synth.packing import Packing
 
     cut: list = []
     setting = forest._Setting.__new__(forest._Setting)
     setting.cut_by_limit = cut
-    p = tr.Packing(2, 2, [0, 1], [], [2, 2], 1.0, 1.0, 1.0, 1, 2, 0.0, stats={"rounding_stopped_by_clock": [2, 3]})
+    p = Packing(2, 2, [0, 1], [], [2, 2], 1.0, 1.0, 1.0, 1, 2, 0.0, stats={"rounding_stopped_by_clock": [2, 3]})
     setting.clock_cut(p, "AllGather")
     setting.clock_cut(p, "AllGather")
     assert cut == ["AllGather rounding to 2, 3 chunks per rank stopped by the clock before its node limit"]
-    setting.clock_cut(tr.Packing(2, 1, [0, 1], [], [1, 1], 1.0, 1.0, 1.0, 1, 2, 0.0), "ReduceScatter")
+    setting.clock_cut(Packing(2, 1, [0, 1], [], [1, 1], 1.0, 1.0, 1.0, 1, 2, 0.0), "ReduceScatter")
     assert len(cut) == 1
 
 

@@ -14,7 +14,12 @@ from hypothesis import given, settings
 from conftest import examples
 from hccc.compiler.synth import network_from_topology, synthesize
 from hccc.compiler.synth import forest
+from hccc.compiler.synth import rounding
 from hccc.compiler.synth import trees as tr
+from hccc.compiler.synth.packing import pair_bandwidth, transposed_pair_order
+from hccc.compiler.synth.rounding import CHUNK_CANDIDATES
+from hccc.compiler.synth.tree_rows import allgather_rows
+from hccc.compiler.synth.tree_shapes import SHAPES, shaped
 from hccc.util import clock
 from synth_oracles import clusters
 
@@ -104,8 +109,8 @@ def test_a_rerounding_reuses_the_counts_it_rounded_to_before(monkeypatch):
     from synth_scale import POD64, scaled_cluster
 
     calls = []
-    real = tr._milp_counts
-    monkeypatch.setattr(tr, "_milp_counts", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    real = rounding._milp_counts
+    monkeypatch.setattr(rounding, "_milp_counts", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
     net = network_from_topology(scaled_cluster(POD64, "v100", "pod64"))
     p = tr.pack_trees(net)
     assert calls, "the example needs the MILP (2 and 3 chunks per rank: regrowing misses there)"
@@ -134,8 +139,8 @@ def test_the_joint_allreduce_rounds_only_to_chunk_counts_whose_streams_can_be_re
         if least is None:
             assert cap is None
             continue
-        assert cap in tr.CHUNK_CANDIDATES and (4 * cap * (n - 1) <= least or cap == 1)
-        bigger = [c for c in tr.CHUNK_CANDIDATES if c > cap]
+        assert cap in CHUNK_CANDIDATES and (4 * cap * (n - 1) <= least or cap == 1)
+        bigger = [c for c in CHUNK_CANDIDATES if c > cap]
         assert not bigger or 4 * bigger[0] * (n - 1) > least
         ag, rs = tr.pack_allreduce(net, max_chunks=cap)
         assert ag.chunks_per_rank <= cap and rs.chunks_per_rank == ag.chunks_per_rank
@@ -161,14 +166,14 @@ def test_stream_blocks_counts_the_built_programs_thread_blocks():
     for name in ("v100_4x3_8", "h20_4x3_8", "a100_topo2"):
         topo = load_cluster(CLUSTERS / f"{name}.topo")
         net = network_from_topology(topo)
-        ag = tr.pack_trees(net, pair_bw=tr.pair_bandwidth(topo))
-        rs = tr.pack_trees(net.transposed(), pair_bw=tr.pair_bandwidth(topo)[tr.transposed_pair_order(net)])
-        for shape in ("",) + tr.SHAPES:
-            sag, srs = tr.shaped(net, ag, shape), tr.shaped(net.transposed(), rs, shape)
+        ag = tr.pack_trees(net, pair_bw=pair_bandwidth(topo))
+        rs = tr.pack_trees(net.transposed(), pair_bw=pair_bandwidth(topo)[transposed_pair_order(net)])
+        for shape in ("",) + SHAPES:
+            sag, srs = shaped(net, ag, shape), shaped(net.transposed(), rs, shape)
             split = forest.split_for(ag.chunks_per_rank, net.nranks, 2)
             sp = forest.split_packing(sag, split)
             for most in (None, 2, 3, 8):
-                rows = forest._rows(tr.allgather_rows(sp), forest.RECV, 0,
+                rows = forest._rows(allgather_rows(sp), forest.RECV, 0,
                                     forest.bundles(sp, split, most)[forest.stream_of_chunk(sp, split)])
                 assert forest.stream_blocks({"allgather": sag}, most) == \
                     forest.blocks_per_rank(rows, net.nranks).max()

@@ -66,7 +66,7 @@ def test_loops_read_back_as_the_same_transfers(collective, monkeypatch):
 def test_tree_column_matches_pairwise():
     """The vectorised resource column of a set of pairs equals the pairs followed by each pair's
     groups in pair order."""
-    from hccc.compiler.synth.trees import _tree_column
+    from hccc.compiler.synth.packing import _tree_column
 
     net = network_from_topology(load_cluster(CLUSTERS / "h20_4x2_8.topo"))
     rng = np.random.default_rng(3)

@@ -24,7 +24,8 @@ from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkS
                                                 format_topology, parse_topology)
 from hccc.compiler.synth import network_from_topology
 from hccc.compiler.synth.symmetry import class_symmetry
-from hccc.compiler.synth.trees import pack_trees, pair_bandwidth
+from hccc.compiler.synth.trees import pack_trees
+from hccc.compiler.synth.packing import pair_bandwidth
 from synth_oracles import M, optimum
 
 
@@ -211,6 +212,8 @@ def test_a_class_rounding_is_rounded_over_every_root_too_and_the_better_kept(mon
     vertex, i.e. on the LP solver's version: the rule is what is tested.)"""
     from hccc.compiler.pipeline import load_cluster
     from hccc.compiler.synth import trees
+    from hccc.compiler.synth.packing import PackOptions
+    from hccc.compiler.synth.rounding import ROUND_TOL
 
     topo = load_cluster(Path(__file__).resolve().parents[1] / "examples" / "clusters" / "mixed_v100_w7800.topo")
     net = network_from_topology(topo)
@@ -229,7 +232,7 @@ def test_a_class_rounding_is_rounded_over_every_root_too_and_the_better_kept(mon
     assert set(made) == {"translates", "every root"}
 
     def rank(p):
-        return (p.rounded_time > p.lp_time * (1 + trees.ROUND_TOL), p.chunks_per_rank, p.rounded_time)
+        return (p.rounded_time > p.lp_time * (1 + ROUND_TOL), p.chunks_per_rank, p.rounded_time)
     kept = min(made, key=lambda how: (rank(made[how]), how != "translates"))   # ties keep the translates
     assert ag.stats["rounded_over"] == kept and ag is made[kept]
     assert made["every root"].lp_time == pytest.approx(made["translates"].lp_time, rel=1e-6)
@@ -242,7 +245,7 @@ def test_a_class_rounding_is_rounded_over_every_root_too_and_the_better_kept(mon
         assert (per_root == p.chunks_per_rank).all()
     made.clear()
     # the classes' rounding alone
-    alone = trees.pack_allreduce(net, pair_bw=bw, options=trees.PackOptions(seed_every_root_above=10 ** 6,
+    alone = trees.pack_allreduce(net, pair_bw=bw, options=PackOptions(seed_every_root_above=10 ** 6,
                                                                              every_root_ranks=0))[0]
     assert alone.stats["rounded_over"] == "translates" and set(made) == {"translates"}
     assert alone.lp_time == pytest.approx(ag.lp_time, rel=1e-6)

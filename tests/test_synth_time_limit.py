@@ -77,12 +77,12 @@ def test_a_program_at_a_packings_bound_ends_the_others_of_that_packing(monkeypat
     built, load the link model for longer than the best program ran; and the program kept is the
     one every candidate simulated would keep."""
     from hccc.commands import synth as synth_cmd
-    from hccc.compiler.synth import trees as tr
+    from hccc.compiler.synth import packing
 
     # the rounding's integer program at 3 chunks per rank ends by its node limit in about 0.47 s,
-    # a hair under its time guard (trees.ROUND_MILP_EACH, 0.5 s): on a busy machine the guard
+    # a hair under its time guard (packing.ROUND_MILP_EACH, 0.5 s): on a busy machine the guard
     # ended it first, now and then, and the two runs compared here rounded differently
-    monkeypatch.setattr(tr, "ROUND_MILP_EACH", 30.0)
+    monkeypatch.setattr(packing, "ROUND_MILP_EACH", 30.0)
     topo = load_cluster(CLUSTERS / "mixed_v100_w7800.topo")
     floors = []
 

@@ -30,7 +30,7 @@ from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkS
                                                 SharedSpec, format_topology, parse_topology)
 from hccc.compiler.frontend.algorithm import RECV, RRC
 from hccc.compiler.synth import network_from_topology, synthesize
-from hccc.compiler.synth.trees import min_arborescence
+from hccc.compiler.synth.arborescence import min_arborescence
 from synth_oracles import (M, MEASURED_UNITS_LEAST, clusters, cut_optimum, mi250, model_time, optimum,
                            simulated_fraction, two_nodes_one_nic_each)
 
@@ -78,7 +78,9 @@ def test_compiled_arborescence_is_the_numpy_formulations(n, root, data):
     """:mod:`hccc.compiler.synth.edmonds_kernel` (run plain, and compiled where numba is) gives the
     very arborescence of the numpy formulation, ties included (costs from a few values), and its
     cost is networkx's least."""
-    from hccc.compiler.synth import edmonds_kernel, trees
+    from hccc.compiler.synth import edmonds_kernel
+    from hccc.compiler.synth.arborescence import _edmonds
+    from hccc.compiler.synth.packing import PackingError
     from hccc.util import jit
 
     root %= n
@@ -95,8 +97,8 @@ def test_compiled_arborescence_is_the_numpy_formulations(n, root, data):
     if jit.have_numba():
         kernels.append(edmonds_kernel.KERNELS.compiled()["edmonds"])
     try:
-        want = trees._edmonds(cost.copy(), root)
-    except trees.PackingError as exc:      # a vertex, or a cycle, no arc from the root reaches
+        want = _edmonds(cost.copy(), root)
+    except PackingError as exc:      # a vertex, or a cycle, no arc from the root reaches
         for kernel in kernels:
             got = kernel(cost.copy(), root)
             assert got[0] <= -2 and f"vertex {-2 - int(got[0])} cannot" in str(exc)
@@ -136,7 +138,7 @@ def test_the_reported_bound_is_the_optimum_where_the_cut_bound_is_loose():
 def test_rails_pair_the_ranks_at_the_same_place_of_every_node():
     """A rank's rail peers are the ranks at its local index in every other node; clusters with
     nodes of different sizes, or one node, have no rails."""
-    from hccc.compiler.synth.trees import _rails
+    from hccc.compiler.synth.packing_lp import _rails
 
     def cluster(sizes):
         nodes = [NodeSpec(g, {"direct": [LinkSpec(a, b, 50, 1) for a in range(g) for b in range(g) if a != b]},
@@ -159,9 +161,10 @@ def test_rail_trees_round_four_mi250_nodes_to_whole_chunks():
     3.1 % (the intra-node links' rounding). (Without regrowing, which would find such trees
     itself: rails are what the LP's own rounding needs.)"""
     from hccc.compiler.synth import trees as tr
+    from hccc.compiler.synth.packing import PackOptions
 
     # the LP's trees only (no regrowing, no integral packing)
-    lp_only = tr.PackOptions(regrow_alphas=(), integral=False)
+    lp_only = PackOptions(regrow_alphas=(), integral=False)
     net = network_from_topology(mi250(4))
     with_rails = tr.pack_trees(net, max_chunks=12, min_chunks=12, options=lp_only)
     without = tr.pack_trees(net, max_chunks=12, min_chunks=12, options=dataclasses.replace(lp_only, rails=False))
@@ -178,8 +181,10 @@ def test_regrowing_rounds_an_mi250_node_to_its_optimum(chunks):
     recomputed from its transfers and the optimum by the independent flow LP, for the AllGather
     and the ReduceScatter (in-trees: the transposed network)."""
     from hccc.compiler.synth import trees as tr
+    from hccc.compiler.synth.packing import PackOptions
+    from hccc.compiler.synth.tree_rows import allgather_rows, reducescatter_rows
 
-    no_integral = tr.PackOptions(integral=False)       # the LP's trees only (no integral packing)
+    no_integral = PackOptions(integral=False)       # the LP's trees only (no integral packing)
     topo = mi250(1)
     net = network_from_topology(topo)
     best = {rev: optimum(net, rev) for rev in (False, True)}        # one LP (4 s): links alike both ways
@@ -187,12 +192,12 @@ def test_regrowing_rounds_an_mi250_node_to_its_optimum(chunks):
         on = net.transposed() if rev else net
         pk = tr.pack_trees(on, min_chunks=chunks, max_chunks=chunks, options=no_integral)
         assert pk.chunks_per_rank == chunks
-        rows = tr.reducescatter_rows(pk) if rev else tr.allgather_rows(pk)
+        rows = reducescatter_rows(pk) if rev else allgather_rows(pk)
         assert len(rows) == 16 * 15 * chunks
         assert best[rev] / model_time(topo, rows, chunks) == pytest.approx(1.0, abs=1e-6), coll
     old = tr.pack_trees(net, min_chunks=chunks, max_chunks=chunks,
                         options=dataclasses.replace(no_integral, regrow_alphas=()))
-    assert best[False] / model_time(topo, tr.allgather_rows(old), chunks) < 0.94
+    assert best[False] / model_time(topo, allgather_rows(old), chunks) < 0.94
 
 
 @pytest.mark.slow   # 4.6 s of two packings; test_compiled_arborescence_is_the_numpy_formulations holds the compiled pricing to the numpy one
@@ -203,12 +208,13 @@ def test_pricing_compiled_after_a_few_trees_packs_the_same_trees():
     pytest.importorskip("numba")
     from hccc.compiler.synth import edmonds_kernel
     from hccc.compiler.synth import trees as tr
+    from hccc.compiler.synth.packing import PackOptions
 
     net = network_from_topology(mi250(2))
     assert net.nranks < edmonds_kernel.MIN_COMPILED_RANKS
     got = {}
     for plain in (0, 10**9):
-        p = tr.pack_trees(net, min_chunks=6, max_chunks=6, options=tr.PackOptions(priced_plain=plain))
+        p = tr.pack_trees(net, min_chunks=6, max_chunks=6, options=PackOptions(priced_plain=plain))
         got[plain] = (p.rounded_time, p.lp_time, [(int(r), tuple(q.tolist()), int(c))
                                                    for r, q, c in zip(p.roots, p.parents, p.counts)])
     assert got[0] == got[10**9]
@@ -220,15 +226,16 @@ def test_rounding_takes_the_fewest_chunks_within_the_tolerance_of_the_best():
     of the LP: the chunk count taken is the fewest whose rounding is within it of the best one
     tried (more chunks are more streams and thread blocks per rank for a sliver of rate)."""
     from hccc.compiler.synth import trees as tr
+    from hccc.compiler.synth.rounding import CHUNK_CANDIDATES, ROUND_TOL
 
     net = network_from_topology(mi250(2))
     got = tr.pack_trees(net, max_chunks=32)
-    each = {K: tr.pack_trees(net, min_chunks=K, max_chunks=K).rounded_time for K in tr.CHUNK_CANDIDATES}
-    assert got.rounded_time > got.lp_time * (1 + tr.ROUND_TOL)
+    each = {K: tr.pack_trees(net, min_chunks=K, max_chunks=K).rounded_time for K in CHUNK_CANDIDATES}
+    assert got.rounded_time > got.lp_time * (1 + ROUND_TOL)
     assert got.rounded_time == pytest.approx(each[got.chunks_per_rank], rel=1e-9)
     best = min(each.values())
-    assert got.rounded_time <= best * (1 + tr.ROUND_TOL)
-    assert all(t > best * (1 + tr.ROUND_TOL) for K, t in each.items() if K < got.chunks_per_rank)
+    assert got.rounded_time <= best * (1 + ROUND_TOL)
+    assert all(t > best * (1 + ROUND_TOL) for K, t in each.items() if K < got.chunks_per_rank)
     assert got.lower_bound / got.rounded_time >= 0.98
 
 
@@ -334,7 +341,8 @@ def test_symmetry_solves_one_root_per_class_at_the_same_optimum():
     other roots) reaches the same optimum as the LP over every root, and every rank is a root."""
     from hccc.compiler.pipeline import load_cluster
     from hccc.compiler.synth.symmetry import node_symmetry
-    from hccc.compiler.synth.trees import pack_trees, pair_bandwidth
+    from hccc.compiler.synth.trees import pack_trees
+    from hccc.compiler.synth.packing import pair_bandwidth
 
     topo = load_cluster(CLUSTERS / "a100_topo3.topo")       # 4 identical nodes
     net = network_from_topology(topo)
@@ -649,7 +657,8 @@ def test_allreduce_halves_packed_together_fit_the_network(topo):
     rank's data has K chunks on spanning out-trees and K on spanning in-trees, their loads together
     fit every pair and shared group within the packing's time, and that time is at most the two
     halves packed apart (the LP optimum, as a sum)."""
-    from hccc.compiler.synth.trees import pack_allreduce, pack_trees, transposed_pair_order
+    from hccc.compiler.synth.trees import pack_allreduce, pack_trees
+    from hccc.compiler.synth.packing import transposed_pair_order
 
     net = network_from_topology(topo)
     n = net.nranks
@@ -713,7 +722,9 @@ def test_bundled_channels_of_loop_programs_agree_in_every_translate():
     from hccc.compiler.frontend.algorithm import RECV
     from hccc.compiler.pipeline import load_cluster
     from hccc.compiler.synth import forest
-    from hccc.compiler.synth.trees import loop_rows, pack_trees, pair_bandwidth
+    from hccc.compiler.synth.trees import pack_trees
+    from hccc.compiler.synth.packing import pair_bandwidth
+    from hccc.compiler.synth.tree_rows import loop_rows
 
     topo = load_cluster(CLUSTERS / "a100_topo3.topo")       # 4 identical nodes
     net = network_from_topology(topo)
@@ -755,17 +766,19 @@ def test_reshaped_trees_are_never_slower_in_the_link_model():
     the bound)."""
     from hccc.compiler.pipeline import load_cluster
     from hccc.compiler.synth import trees as tr
+    from hccc.compiler.synth.packing import PackOptions, pair_bandwidth, transposed_pair_order
+    from hccc.compiler.synth.tree_shapes import SHAPES, shaped
 
-    lp_rounding = tr.PackOptions(integral=False)     # shaping of the LP's rounding (integral trees are exact)
+    lp_rounding = PackOptions(integral=False)     # shaping of the LP's rounding (integral trees are exact)
     topo = load_cluster(CLUSTERS / "mixed_v100_w7800.topo")
     net = network_from_topology(topo)
     tnet = net.transposed()
-    tbw = tr.pair_bandwidth(topo)[tr.transposed_pair_order(net)]
+    tbw = pair_bandwidth(topo)[transposed_pair_order(net)]
     one = tr.pack_trees(tnet, pair_bw=tbw, max_chunks=1, options=lp_rounding,
                         bound=tr.pack_trees(tnet, pair_bw=tbw, options=lp_rounding).lower_bound)
     times = []
-    for shape in tr.SHAPES:
-        s = tr.shaped(tnet, one, shape)
+    for shape in SHAPES:
+        s = shaped(tnet, one, shape)
         load = np.zeros(tnet.npairs)
         for r, par, c in zip(s.roots, s.parents, s.counts):
             par = np.asarray(par)

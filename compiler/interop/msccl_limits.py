@@ -38,10 +38,44 @@ def _worst(counts: np.ndarray) -> tuple[int, int]:
 def check_algorithm_fits(alg: Algorithm, lim: XmlLimits, *, instances: int = 1, fuse: bool = False) -> None:
     """Raise :class:`CompileError` naming the first runtime limit ``alg``'s MSCCL export must exceed
     (and the option that relaxes it); return quietly when none is certain to be exceeded."""
-    n = int(alg.header.nranks)
+    check_transfers_fit(alg.src, alg.dst, int(alg.header.nranks), lim, instances=instances, fuse=fuse)
+
+
+def connection_refusal(src, dst, channel, nranks: int, lim: XmlLimits) -> str | None:
+    """Why the MSCCL runtime would refuse the program of the transfers ``src[i] -> dst[i]`` on channel
+    ``channel[i]`` (None: one channel) for its thread blocks' ids, or None: the export gives every
+    connection end (a pair on a channel, cut every ``max_steps`` transfers) a thread block of its
+    own, and where a rank forwards what it receives (a tree program's ranks do), its sending thread
+    blocks wait on its receiving ones, whose ids a dependency may name only up to ``max_dep_tb``;
+    so a rank of more than ``max_dep_tb + 1`` thread blocks is refused here. An estimate, not a
+    bound (a rank whose last thread blocks nothing waits on is accepted by the exporter):
+    ``hccc synth --for msccl`` weighs its candidates so, and the exporter decides."""
+    n = int(nranks)
+    src = np.asarray(src, np.int64)
+    dst = np.asarray(dst, np.int64)
+    if not src.size:
+        return None
+    ch = np.zeros(src.size, np.int64) if channel is None else np.asarray(channel, np.int64)
+    C = int(ch.max()) + 1
+    keys, c = np.unique((src * n + dst) * C + ch, return_counts=True)
+    pair = keys // C
+    runs = -(-c // lim.max_steps)
+    tbs = np.bincount(pair // n, weights=runs, minlength=n) + np.bincount(pair % n, weights=runs, minlength=n)
+    r, most = _worst(tbs.astype(np.int64))
+    if most <= lim.max_dep_tb + 1:
+        return None
+    return (f"rank {r} would have {most} thread blocks (one per connection end), and its sending thread blocks "
+            f"wait on its receiving ones, whose ids a dependency names only up to {lim.max_dep_tb}")
+
+
+def check_transfers_fit(src, dst, nranks: int, lim: XmlLimits, *, instances: int = 1, fuse: bool = False) -> None:
+    """:func:`check_algorithm_fits` of a program given by its transfers alone (``src[i] -> dst[i]``
+    on ``nranks`` ranks): what it reads of an Algorithm, so that a program can be checked before
+    it is one (``hccc synth --for msccl`` checks its candidates so)."""
+    n = int(nranks)
     k = int(instances)
-    src = np.asarray(alg.src, dtype=np.int64)
-    dst = np.asarray(alg.dst, dtype=np.int64)
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
     msgs: list[str] = []
     if len(src):
         keys, pair = np.unique(src * n + dst, return_counts=True)
@@ -89,4 +123,4 @@ def check_algorithm_fits(alg: Algorithm, lim: XmlLimits, *, instances: int = 1, 
         raise CompileError([Diagnostic("the algorithm does not fit the MSCCL runtime: " + m, None) for m in msgs])
 
 
-__all__ = ["check_algorithm_fits"]
+__all__ = ["check_algorithm_fits", "check_transfers_fit", "connection_refusal"]

@@ -9,8 +9,9 @@ hierarchy-aware greedy heuristic), :mod:`.check` (verification with counterexamp
 (z3 encodings, incremental), :mod:`.cegis` (the CEGIS loop and step minimisation), :mod:`.bounds`
 (step and bandwidth lower bounds), :mod:`.collectives` (AllGather, Broadcast, ReduceScatter,
 AllReduce), :mod:`.compose` (hierarchical composition over isomorphic pods), :mod:`.emit`
-(Algorithm and ResCCLang text); :mod:`.trees` (bandwidth-optimal spanning-tree packing) and
-:mod:`.forest` (its AllGather / ReduceScatter / AllReduce programs: ``method="trees"``), with
+(Algorithm and ResCCLang text); :mod:`.trees` (bandwidth-optimal spanning-tree packing: its parts
+:mod:`.packing`, :mod:`.arborescence`, :mod:`.packing_lp`, :mod:`.rounding`, :mod:`.balancing`,
+:mod:`.tree_shapes`, :mod:`.tree_rows`) and :mod:`.forest` (its AllGather / ReduceScatter / AllReduce programs: ``method="trees"``), with
 :mod:`.master_lp` (the packing LP in one HiGHS model), :mod:`.branchings` (integral packings at a
 chunk count), :mod:`.symmetry` (the cluster's automorphisms), :mod:`.exchanges` (shallower trees)
 and :mod:`.edmonds_kernel` (arborescences, compiled); :mod:`.broadcast_trees` (Broadcast by trees
@@ -19,7 +20,7 @@ cut bounds' exact max-flow) and :mod:`.budget` (the time the closing phases need
 
 Choosing among programs: :mod:`hccc.synth_select` (the selection loop behind an ``Evaluator``, the simulator
 wired in by ``hccc synth`` and :func:`hccc.synthesize`), :mod:`.plan` (``SynthOptions``, and the
-``SynthPlan`` every choice reaches the emitter in), :mod:`hccc.synth_engines` (``--for xml|mscclpp``),
+``SynthPlan`` every choice reaches the emitter in), :mod:`hccc.synth_engines` (``--for hccc|msccl|mscclpp``),
 :mod:`hccc.synth_api` (``hccc.synthesize``: the bytes ``hccc synth`` writes); those three live in the
 driver layer (``driver/``), which may import the runtime's simulator and the exporters.
 """

@@ -624,7 +624,8 @@ def packing_bound_seconds(net: Network, collective: str, total_bytes: float, *, 
     set and a shared group's capacity once, whatever the trees inside need: where a group (a NIC
     shared by several GPUs) feeds ranks that must each get the data, the trees pay for what the cut
     does not see and the LP lies above the cut bound (three GPUs on a line behind one NIC: 11 %)."""
-    from hccc.compiler.synth.trees import pack_trees, transposed_pair_order
+    from hccc.compiler.synth.packing import transposed_pair_order
+    from hccc.compiler.synth.trees import pack_trees
 
     coll = collective.lower()
     if coll not in ("allgather", "reducescatter"):

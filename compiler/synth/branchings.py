@@ -33,7 +33,7 @@ Both are exact; what costs is their size (an integer variable per pair, a max-fl
 tree), so the two are tried where the rounding of the LP misses, on networks of at
 most :data:`MAX_RANKS` ranks whose integer program has at most :data:`MAX_VARIABLES` variables
 (:func:`variables`), within a time limit, and kept where they are faster (see
-``trees._pack``'s ``finish``).
+``trees._pack``'s rounding's ``finish``, :mod:`.rounding`).
 """
 from __future__ import annotations
 

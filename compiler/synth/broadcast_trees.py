@@ -9,14 +9,14 @@ the buffer (``a_te``: how often tree ``t`` crosses ``e``), so a call takes at le
 
 seconds per byte of the buffer. The LP is solved by column generation (:class:`.master_lp.MasterLP`,
 one root row): at the resources' prices a tree costs the sum of its arcs' prices, the cheapest is a
-minimum arborescence of the root (:func:`.trees.min_arborescence`), and one cheaper than the root
+minimum arborescence of the root (:func:`.arborescence.min_arborescence`), and one cheaper than the root
 row's dual joins the LP. Without shared groups the optimum is the buffer over the least max-flow
 from the root to any rank (Edmonds' branching theorem), the cut bound ``synth`` reports.
 
 A link's bandwidth goes to the streams on it in equal shares (the simulator's max-min fairness, a
 thread block each on a GPU), so the program cuts the buffer into ``S`` streams of equal size and
 gives each tree a whole number of them, about its weight times ``S`` (:func:`streams_for`: the
-fewest streams whose rounding comes within :data:`.trees.ROUND_TOL` of the LP and whose thread
+fewest streams whose rounding comes within :data:`.rounding.ROUND_TOL` of the LP and whose thread
 blocks stay resident; rounded by largest remainders and single moves, regrown on trees priced by
 the rounded loads (:func:`regrow`), and given the MILP over the trees found). Where no count rounds
 that well, ``k`` arc-disjoint trees in integral arc multiplicities are sought for the fewest ``k``
@@ -33,6 +33,12 @@ import numpy as np
 
 from hccc.compiler.frontend.algorithm import RECV
 from hccc.compiler.synth import trees as tr
+from hccc.compiler.synth.arborescence import min_arborescence
+from hccc.compiler.synth.balancing import _repair
+from hccc.compiler.synth.packing import ROUND_MILP_EACH, PackingError, PackOptions, _tree_column, _tree_pairs
+from hccc.compiler.synth.packing_lp import LP_TOL, _columns
+from hccc.compiler.synth.rounding import CHUNK_CANDIDATES, ROUND_MILP_NODES, ROUND_TOL, _milp_counts
+from hccc.compiler.synth.tree_rows import _depths
 from hccc.compiler.synth.master_lp import MasterLP
 from hccc.compiler.synth.problem import Network
 from hccc.util import clock
@@ -74,7 +80,7 @@ MAX_ROUNDS = 2_000
 
 
 def pack_broadcast(net: Network, root: int, *, pair_bw: np.ndarray | None = None, time_limit: float = 10.0,
-                   tol: float = tr.LP_TOL) -> dict:
+                   tol: float = LP_TOL) -> dict:
     """The LP of the module docstring on ``net`` for ``root``: ``parents`` (every tree generated),
     ``weights`` (the LP's, summing to 1), ``loads`` (trees x resources: crossings), ``cap``
     (bytes/s per resource), ``lp_time`` (seconds per byte of the buffer), ``lower_bound`` (the best
@@ -83,8 +89,8 @@ def pack_broadcast(net: Network, root: int, *, pair_bw: np.ndarray | None = None
     t0 = clock.now()
     n = net.nranks
     bw = np.asarray(net.bw if pair_bw is None else pair_bw, float)
-    # the general packing's setting and columns (:class:`.trees._Columns`), with the one root's row
-    cs = tr._columns(net, bw, False, False, None, tr.PackOptions(rails=False))
+    # the general packing's setting and columns (:class:`.packing_lp._Columns`), with the one root's row
+    cs = _columns(net, bw, False, False, None, PackOptions(rails=False))
     cap, capn, scale, ok = cs.cap, cs.capn, cs.scale, cs.cap > 0
     cols, pars = cs.cols, cs.col_par
     lp = MasterLP(capn, 1)
@@ -94,7 +100,7 @@ def pack_broadcast(net: Network, root: int, *, pair_bw: np.ndarray | None = None
         return cs.arc_matrix(cs.inc @ pi, False)
 
     def column(par: np.ndarray) -> np.ndarray:
-        return tr._tree_column(net, tr._tree_pairs(net, par, root))
+        return _tree_column(net, _tree_pairs(net, par, root))
 
     def add(par: np.ndarray) -> bool:
         """Tree ``par`` joins the columns and the LP (False: it is one)."""
@@ -110,7 +116,7 @@ def pack_broadcast(net: Network, root: int, *, pair_bw: np.ndarray | None = None
     deadline = t0 + float(time_limit)
     load = np.zeros(cap.size)
     for _ in range(SEED_TREES_PER_RANK * n):
-        par = tr.min_arborescence(arc_costs(inv * np.exp(SEED_STEEPNESS * load / max(load.max(), 1e-300))), root)
+        par = min_arborescence(arc_costs(inv * np.exp(SEED_STEEPNESS * load / max(load.max(), 1e-300))), root)
         col = column(par)
         np.add.at(load, col, inv[col])
         add(par)
@@ -125,11 +131,11 @@ def pack_broadcast(net: Network, root: int, *, pair_bw: np.ndarray | None = None
         if res.status != 0:
             if sol is not None and res.status == 1:
                 break
-            raise tr.PackingError(f"the broadcast packing LP failed: {res.message}")
+            raise PackingError(f"the broadcast packing LP failed: {res.message}")
         sol = res
         pi = res.prices
         C = arc_costs(pi)
-        par = tr.min_arborescence(C, root)
+        par = min_arborescence(C, root)
         v = np.flatnonzero(par >= 0)
         cost = float(C[par[v], v].sum())
         denom = float(pi @ capn)
@@ -152,7 +158,7 @@ def pack_broadcast(net: Network, root: int, *, pair_bw: np.ndarray | None = None
 
     def cheapest(prices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The cheapest tree at per-resource ``prices`` and its crossings per resource."""
-        par = tr.min_arborescence(arc_costs(prices), root)
+        par = min_arborescence(arc_costs(prices), root)
         row = np.zeros(cap.size)
         np.add.at(row, column(par), 1.0)
         return par, row
@@ -174,7 +180,7 @@ def round_counts(weights: np.ndarray, loads: np.ndarray, cap: np.ndarray, nchunk
         counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
     ok = cap > 0
     scale = float(cap[ok].max()) if ok.any() else 1.0
-    return tr._repair(counts, np.zeros(len(w), np.int64), loads, cap / scale, int(nchunks), rounds=4 * int(nchunks))
+    return _repair(counts, np.zeros(len(w), np.int64), loads, cap / scale, int(nchunks), rounds=4 * int(nchunks))
 
 
 def regrow(pk: dict, counts: np.ndarray, alphas=REGROW_ALPHAS) -> tuple[list, np.ndarray, np.ndarray]:
@@ -239,7 +245,7 @@ def broadcast_rows(parents: list, streams: np.ndarray, pieces: int) -> tuple[np.
         c = int(streams[t]) * int(pieces)
         if c == 0:
             continue
-        d = tr._depths(par)
+        d = _depths(par)
         v = np.flatnonzero(par >= 0)
         for j in range(at, at + c):
             rows.append(np.stack([par[v], v, d[v] - 1, np.full(v.size, j)], axis=1))
@@ -268,7 +274,7 @@ def stream_counts(nranks: int) -> list:
 
 
 def streams_for(pk: dict, nranks: int, max_blocks: int | None = None,
-                tol: float = tr.ROUND_TOL) -> tuple[int, np.ndarray, float, list]:
+                tol: float = ROUND_TOL) -> tuple[int, np.ndarray, float, list]:
     """The fewest streams (:func:`stream_counts`) whose rounding is within ``tol`` of the LP, else
     the count that rounds best, among those whose thread blocks stay within ``max_blocks`` where
     any do. A count rounds by :func:`round_counts`, then (up to :data:`REGROW_STREAMS` streams, and
@@ -317,8 +323,8 @@ def streams_for(pk: dict, nranks: int, max_blocks: int | None = None,
         # packing's MILP, with one root row; capacities scaled as its LP's)
         scale = float(cap.max())
         loads = pool["loads"]
-        got = tr._milp_counts(np.zeros(len(counts), np.int64), loads, cap / scale, S, tr.ROUND_MILP_EACH,
-                              target=t * scale * (1 - 1e-9), gap=tol, nodes=tr.ROUND_MILP_NODES,
+        got = _milp_counts(np.zeros(len(counts), np.int64), loads, cap / scale, S, ROUND_MILP_EACH,
+                              target=t * scale * (1 - 1e-9), gap=tol, nodes=ROUND_MILP_NODES,
                               floor=pk["lp_time"] * scale)
         if got is not None and rounded_time(got, loads, cap) < t and fits(got):
             counts, t = got, rounded_time(got, loads, cap)
@@ -329,7 +335,7 @@ def integral_streams(net: Network, root: int, pk: dict, max_blocks: int | None, 
                      most: int = INTEGRAL_STREAMS) -> tuple[int, np.ndarray, float, list] | None:
     """The fewest streams ``k`` (of :func:`stream_counts`, up to ``most``) at which ``k`` arc-
     disjoint out-trees of the root in integral arc multiplicities reach the LP's time within
-    :data:`.trees.ROUND_TOL` (:func:`.branchings.integral_arcs` and :func:`.branchings.trees_on`
+    :data:`.rounding.ROUND_TOL` (:func:`.branchings.integral_arcs` and :func:`.branchings.trees_on`
     with a root: Edmonds' theorem, exact), else the fastest such packing found, as
     ``(streams, streams per tree, seconds per byte, trees)``; None on networks too large for them
     (:func:`.branchings.sized`), or where none is found before ``deadline``. Where the LP's weights
@@ -345,7 +351,7 @@ def integral_streams(net: Network, root: int, pk: dict, max_blocks: int | None, 
     # a pair carries at most floor(k cap T) of k streams in the time T = the LP's within the
     # tolerance; every rank but the root must be entered, and the root left, by k of them: a k
     # short of that at a single rank cannot be exact and is not solved for
-    share = cap[:net.npairs] * lp * (1 + tr.ROUND_TOL)
+    share = cap[:net.npairs] * lp * (1 + ROUND_TOL)
     ends = [net.pdst == v for v in range(n) if v != root] + [net.psrc == root]
     sets: list = []
     best = None
@@ -369,15 +375,15 @@ def integral_streams(net: Network, root: int, pk: dict, max_blocks: int | None, 
         if max_blocks is not None and float(stream_blocks(parents, counts, n).max()) > max_blocks:
             continue
         best = (k, counts, t, parents)
-        if t <= lp * (1 + tr.ROUND_TOL):
+        if t <= lp * (1 + ROUND_TOL):
             break
     return best
 
 
 def most_chunks_per_rank(nranks: int) -> int:
-    """The most chunks per rank (at most the largest of :data:`.trees.CHUNK_CANDIDATES`) whose
+    """The most chunks per rank (at most the largest of :data:`.rounding.CHUNK_CANDIDATES`) whose
     transfers stay within :data:`TRANSFERS` (at least one)."""
-    return max(1, min(max(tr.CHUNK_CANDIDATES), TRANSFERS // max(1, nranks * (nranks - 1))))
+    return max(1, min(max(CHUNK_CANDIDATES), TRANSFERS // max(1, nranks * (nranks - 1))))
 
 
 def chunks_per_rank(nranks: int, streams: int) -> int:
@@ -403,7 +409,7 @@ def synthesize_broadcast_trees(net: Network, root: int, *, pair_bw: np.ndarray |
     pk = pack_broadcast(net, int(root), pair_bw=pair_bw, time_limit=float(time_limit) * forest.PACK_SHARE)
     S, counts, t_round, trees = streams_for(pk, n, max_blocks)
     integral = False
-    if t_round > pk["lp_time"] * (1 + tr.ROUND_TOL):
+    if t_round > pk["lp_time"] * (1 + ROUND_TOL):
         got = integral_streams(net, int(root), pk, max_blocks,
                                min(t0 + float(time_limit) * forest.PACK_SHARE, clock.now() + INTEGRAL_SECONDS))
         if got is not None and got[2] < t_round * (1 - 1e-9):

@@ -139,7 +139,8 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
                time_limit: float = 60.0, progress: Progress | None = None, pod_ranks: int | None = None,
                use_smt: bool = True, bandwidth_bound_bytes: float | None = None, variants: int = 1,
                score: Callable[[str, np.ndarray], float] | None = None, method: str = "search",
-               tree_score: Callable | None = None, known_bound_seconds: float | None = None) -> SynthResult:
+               tree_score: Callable | None = None, known_bound_seconds: float | None = None,
+               engine: Callable | None = None) -> SynthResult:
     """Synthesise ``collective`` on ``topo`` (see the module docstring).
 
     ``time_limit`` is shared by all phases (anytime: the best schedule so far comes back).
@@ -156,7 +157,8 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
     ``tree_score(collective, rows, chunks_per_rank, channels, warps)`` picks among its shapes).
     ``detail["method"]`` says which ran. ``known_bound_seconds``: the bandwidth bound for
     ``bandwidth_bound_bytes`` where the caller has it already (the tree packing's, before a search
-    on the same cluster): taken as it is, not computed again.
+    on the same cluster): taken as it is, not computed again. ``engine(rows)``: the limits of
+    the engine the tree packing's program is for (:func:`.forest.synthesize_trees`).
     """
     t0 = clock.now()
     coll = collective.lower()
@@ -172,7 +174,7 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
     if method == "trees" and n == 1:
         method = "search"            # one GPU: nothing to pack; the search writes its empty program
     if method == "trees":
-        return _by_trees(topo, net, coll, root, time_limit, bandwidth_bound_bytes, tree_score, t0)
+        return _by_trees(topo, net, coll, root, time_limit, bandwidth_bound_bytes, tree_score, t0, engine)
     check_synth_size(n, k)
     detail: dict = {}
     if known_bound_seconds is not None and bandwidth_bound_bytes:
@@ -197,10 +199,11 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
 
 
 def _by_trees(topo, net: Network, coll: str, root: int, time_limit: float, bandwidth_bound_bytes: float | None,
-              tree_score: Callable | None, t0: float) -> SynthResult:
+              tree_score: Callable | None, t0: float, engine: Callable | None = None) -> SynthResult:
     """:func:`synthesize` by the tree packing (:mod:`.forest`, :mod:`.broadcast_trees`)."""
     from hccc.compiler.synth.forest import resident_blocks, synthesize_trees
-    from hccc.compiler.synth.trees import TREE_COLLECTIVES, pair_bandwidth
+    from hccc.compiler.synth.packing import pair_bandwidth
+    from hccc.compiler.synth.trees import TREE_COLLECTIVES
 
     n = net.nranks
     if coll not in TREE_COLLECTIVES:
@@ -215,7 +218,7 @@ def _by_trees(topo, net: Network, coll: str, root: int, time_limit: float, bandw
         prog = synthesize_trees(net, coll, pair_bw=pair_bw, total_bytes=float(bandwidth_bound_bytes or (1 << 30)),
                                 time_limit=time_limit, score=tree_score, max_blocks=max_blocks,
                                 resident=None if isinstance(topo, Network) else
-                                lambda warps: resident_blocks(topo.rank_vendor, warps))
+                                lambda warps: resident_blocks(topo.rank_vendor, warps), engine=engine)
     res = SynthResult(coll, n, prog.chunks_per_rank, root if coll == "broadcast" else None, prog.rows, prog.steps,
                       prog.lower_bound_steps, [], clock.now() - t0, net.name, False, None, prog.detail, prog.loops)
     if bandwidth_bound_bytes:

@@ -1,5 +1,5 @@
 """Chu-Liu/Edmonds on a dense arc-cost matrix, as loops numba compiles: the twin of
-:func:`hccc.compiler.synth.trees._edmonds` (its numpy formulation), step for step and with the same
+:func:`hccc.compiler.synth.arborescence._edmonds` (its numpy formulation), step for step and with the same
 ties (the first least entry of a column or row), so both give the same arborescence.
 
 The column generation of the tree packing prices a tree per root and round (3,672 arborescences

@@ -90,7 +90,7 @@ LOOPS_FROM_TRANSFERS = 10_000
 
 
 def _loop_lines(part) -> list[str]:
-    """``part`` (:class:`hccc.compiler.synth.trees.LoopRows`) as ResCCLang loops: the representative
+    """``part`` (:class:`hccc.compiler.synth.tree_rows.LoopRows`) as ResCCLang loops: the representative
     transfers once, inside ``for a`` (node shifts) and ``for b`` (GPU shifts within a node) loops
     whose rank expressions shift every rank ``r`` to ``((r // g + a) % nodes) * g + (r % g + b) % g``
     (:class:`hccc.compiler.synth.symmetry.Symmetry`)."""

@@ -51,7 +51,7 @@ are shared max-min fairly between the flows on them):
 ReduceScatter is built by the same recipe on the transposed network, so it is the time-reverse of
 an AllGather: its streams, channels and chunks mirror the AllGather's.
 
-Several shapes of the same packing (:data:`.trees.SHAPES`) are built; with a ``score`` (the
+Several shapes of the same packing (:data:`.tree_shapes.SHAPES`) are built; with a ``score`` (the
 simulated time of a program, lower is better) the best is kept, otherwise the first.
 """
 from __future__ import annotations
@@ -64,6 +64,11 @@ import numpy as np
 from hccc.compiler.frontend.algorithm import MAX_CHANNEL, RECV, RRC
 from hccc.compiler.synth.problem import Network
 from hccc.compiler.synth import trees as tr
+from hccc.compiler.synth.packing import Packing, transposed_pair_order
+from hccc.compiler.synth.packing_lp import LP_TOL
+from hccc.compiler.synth.rounding import CHUNK_CANDIDATES, ROUND_MILP_SECONDS
+from hccc.compiler.synth.tree_rows import LoopRows, allgather_rows, loop_rows, reducescatter_rows
+from hccc.compiler.synth.tree_shapes import SHAPES, shaped
 from hccc.compiler.synth.selection import SelectionLoop
 
 #: GB/s one block moves (the simulator's default per-block limit, :mod:`hccc.compiler.passes.channels`)
@@ -110,7 +115,7 @@ class TreeProgram:
     chunks_per_rank: int
     detail: dict
     seconds: float
-    #: the rows as loops over a symmetry (one :class:`.trees.LoopRows` per part), or None
+    #: the rows as loops over a symmetry (one :class:`.tree_rows.LoopRows` per part), or None
     loops: list | None = None
 
 
@@ -169,7 +174,7 @@ def fold_channels(channel: np.ndarray, most: int | None = None) -> np.ndarray:
     return ch * (int(most) + 1) // (top + 1)
 
 
-def bundles(packing: tr.Packing, split: int, most: int | None, trees=None) -> np.ndarray:
+def bundles(packing: Packing, split: int, most: int | None, trees=None) -> np.ndarray:
     """The channel bundle of every stream (indexed ``root * K + j``, ``K`` the packing's chunks
     per rank before splitting ``split`` ways): ``most`` None, a bundle per stream; otherwise the
     streams of one tree (which cross the same pairs at the same steps, so a bundle's streams
@@ -244,7 +249,7 @@ def split_for(chunks_per_rank: int, nranks: int = 0, least: int = 2) -> int:
     return s
 
 
-def split_packing(packing: tr.Packing, split: int) -> tr.Packing:
+def split_packing(packing: Packing, split: int) -> Packing:
     """``packing`` with every chunk cut into ``split`` (the same trees, ``split`` times the chunks)."""
     import dataclasses
 
@@ -254,14 +259,14 @@ def split_packing(packing: tr.Packing, split: int) -> tr.Packing:
                                counts=[int(c) * split for c in packing.counts])
 
 
-def stream_of_chunk(packing: tr.Packing, split: int) -> np.ndarray:
+def stream_of_chunk(packing: Packing, split: int) -> np.ndarray:
     """The stream of every chunk id of a packing split ``split`` ways: the packing's chunk it was
-    cut from (chunk ids ``r*K + j`` of root ``r``, as :func:`.trees.allgather_rows` and
-    :func:`.trees.reducescatter_rows` number them, stay in order when cut)."""
+    cut from (chunk ids ``r*K + j`` of root ``r``, as :func:`.tree_rows.allgather_rows` and
+    :func:`.tree_rows.reducescatter_rows` number them, stay in order when cut)."""
     return np.arange(packing.nranks * packing.chunks_per_rank, dtype=np.int64) // int(split)
 
 
-def stream_rows(packing: tr.Packing, collective: str, split: int, step0: int = 0,
+def stream_rows(packing: Packing, collective: str, split: int, step0: int = 0,
                 bundle: np.ndarray | None = None) -> np.ndarray:
     """``(src, dst, step, chunk, op, channel)`` rows of ``packing``'s trees as ``collective``
     (allgather: out-trees, ``recv``; reducescatter: the trees turned around, ``rrc``), every chunk
@@ -270,12 +275,12 @@ def stream_rows(packing: tr.Packing, collective: str, split: int, step0: int = 0
     None: a channel per stream)."""
     sp = split_packing(packing, split)
     reduce = collective == "reducescatter"
-    r4 = tr.reducescatter_rows(sp) if reduce else tr.allgather_rows(sp)
+    r4 = reducescatter_rows(sp) if reduce else allgather_rows(sp)
     bd = bundles(sp, split, None) if bundle is None else bundle
     return _rows(r4, RRC if reduce else RECV, step0, bd[stream_of_chunk(sp, split)])
 
 
-def loop_channels(loops: tr.LoopRows, split: int, bundle: np.ndarray | None = None) -> np.ndarray:
+def loop_channels(loops: LoopRows, split: int, bundle: np.ndarray | None = None) -> np.ndarray:
     """Channels of the representative rows of a symmetric program (``loops``) that are the same in
     every translate: the streams on a pair are the translates of the (stream, pair) combinations of
     the representative rows whose pair lies in that pair's orbit, one each (the symmetry acts
@@ -301,7 +306,7 @@ def loop_channels(loops: tr.LoopRows, split: int, bundle: np.ndarray | None = No
     return (idx - start)[inv].astype(np.int64)
 
 
-def blocks_for(packing: tr.Packing, data_bytes_per_rank: float, seconds: float, *, block_gbps: float,
+def blocks_for(packing: Packing, data_bytes_per_rank: float, seconds: float, *, block_gbps: float,
                streams: int = 1) -> int:
     """Blocks per thread block so that ``streams`` streams, at the rate the packing plans for a
     stream (``1/K`` of its root's data over ``seconds``), fit in their thread block's blocks."""
@@ -361,7 +366,7 @@ def bundled(build: Callable, channels: Callable, connections: Callable[[int], in
 
 
 def rerounded(packs: dict, chunks: int, time_limit: float) -> dict | None:
-    """``packs`` (name -> :class:`~.trees.Packing`: one collective, an AllReduce's halves, or its
+    """``packs`` (name -> :class:`~.packing.Packing`: one collective, an AllReduce's halves, or its
     joint packing) rounded again from their LPs to at most ``chunks`` chunks per rank, the halves
     of an AllReduce to one count; None where a packing keeps no LP to round again."""
     if any(p.reround is None for p in packs.values()):
@@ -380,17 +385,17 @@ def rerounded(packs: dict, chunks: int, time_limit: float) -> dict | None:
 
 
 def chunks_to_fit(chunks: int, own_blocks: int, max_blocks: int) -> int:
-    """The most chunks per rank (of :data:`.trees.CHUNK_CANDIDATES`, below ``chunks``) whose program,
+    """The most chunks per rank (of :data:`.rounding.CHUNK_CANDIDATES`, below ``chunks``) whose program,
     with a channel per stream, should stay within ``max_blocks`` blocks: a rank's connections grow
     with its streams, so ``own_blocks`` (the blocks of ``chunks`` per rank) scaled; 0 where none."""
     k = int(chunks) * int(max_blocks) / max(1, int(own_blocks))
-    fit = [c for c in tr.CHUNK_CANDIDATES if c < int(chunks) and c <= k]
+    fit = [c for c in CHUNK_CANDIDATES if c < int(chunks) and c <= k]
     return max(fit) if fit else 0
 
 
 def joint_chunks_resident(nranks: int, max_chunks: int | None, max_blocks: int | None,
                           resident: Callable[[int], int | None] | None) -> int | None:
-    """The most chunks per rank (of :data:`.trees.CHUNK_CANDIDATES`, at most ``max_chunks``) the
+    """The most chunks per rank (of :data:`.rounding.CHUNK_CANDIDATES`, at most ``max_chunks``) the
     joint AllReduce packing rounds to: with a channel per stream, its ``2 nranks K`` streams of
     ``nranks - 1`` arcs each give a rank ``4 K (nranks - 1)`` connection ends on average, a thread
     block each, so past what stays resident at the fewest warps (:data:`LEAST_WARPS`) its program
@@ -402,7 +407,7 @@ def joint_chunks_resident(nranks: int, max_chunks: int | None, max_blocks: int |
     least = resident(LEAST_WARPS) if resident is not None else None
     if not least or nranks < 2:
         return max_chunks
-    fit = [c for c in tr.CHUNK_CANDIDATES if 4 * c * (nranks - 1) <= least] or [1]
+    fit = [c for c in CHUNK_CANDIDATES if 4 * c * (nranks - 1) <= least] or [1]
     return min(max(fit), max_chunks or max(fit))
 
 
@@ -439,7 +444,7 @@ def _distance_bound(net: Network) -> int:
 
 
 class PackSet:
-    """The packings of one program (name -> :class:`~.trees.Packing`: one collective, an
+    """The packings of one program (name -> :class:`~.packing.Packing`: one collective, an
     AllReduce's halves, or its joint packing), and what the selection loop did with them already
     (an object of its own: the loop's marks are its attributes, not lookups by identity)."""
 
@@ -449,6 +454,7 @@ class PackSet:
         self.halved = False          # re-rounded to fewer streams (FEWER_STREAMS_ABOVE)
         self.alternated = False      # its integral trees' LP rounding was queued (Packing.alternative)
         self.integral_built = False  # its integral trees were built (unshaped, once)
+        self.engine_refitted = False  # re-rounded to fewer chunks for the target engine (``engine``)
         #: the simulated seconds of the program it was re-rounded from to fewer streams: another
         #: halving only while each is faster than that
         self.thinned_from = np.inf
@@ -462,7 +468,7 @@ class PackSet:
     def __contains__(self, name: str) -> bool:
         return name in self.by_name
 
-    def __getitem__(self, name: str) -> tr.Packing:
+    def __getitem__(self, name: str) -> Packing:
         return self.by_name[name]
 
     @property
@@ -475,7 +481,7 @@ class PackSet:
 
     def model_time(self, of: str = "rounded_time") -> float:
         """Seconds per byte of a rank's data in the link model (``of``: the
-        :class:`~.trees.Packing` attribute summed, or for a joint packing the larger: its rounded
+        :class:`~.packing.Packing` attribute summed, or for a joint packing the larger: its rounded
         trees' time, their ``load_time`` as reshaped, or the ``lower_bound`` its LP proved)."""
         return (max if self.joint else sum)(getattr(p, of) for p in self.values())
 
@@ -495,12 +501,14 @@ class _Lazy:
 @dataclass
 class Job:
     """A program to build: its packings (or the maker of them) at ``chunks`` per rank, joint or
-    not, reshaped by ``shape`` ("" unshaped)."""
+    not, reshaped by ``shape`` ("" unshaped); for a target engine, ``own_connections``: a
+    connection per stream kept, at the most pieces the engine takes (:meth:`_Builder.engine_program`)."""
 
     chunks: int
     packs: PackSet | _Lazy
     joint: bool
     shape: str
+    own_connections: bool = False
 
 
 @dataclass
@@ -528,7 +536,8 @@ class Candidate:
 
     def label(self) -> str:
         return (f"K={self.chunks} {self.shape or ('joint' if self.packs.joint else 'unshaped')}"
-                + (f" bundles of {self.most}" if self.most else "") + f" blocks {self.blocks}"
+                + (f" bundles of {self.most}" if self.most else " one connection a pair" if self.most == 0 else "")
+                + f" blocks {self.blocks}"
                 + (f" of {self.warps} warps" if self.warps != WARPS else ""))
 
 
@@ -550,6 +559,9 @@ class _Setting:
     deadline: float
     pack_deadline: float
     own_bw: bool = False         # ``bw`` is the network's own (no ``pair_bw`` given)
+    #: the target engine's check of a program's rows on one channel: why it refuses them (None:
+    #: it runs them), see :func:`synthesize_trees`
+    engine: Callable[[np.ndarray], str | None] | None = None
     nets: dict = field(default_factory=dict)
     cut_by_limit: list = field(default_factory=list)   # what the time limit cut (``detail["time_limit_cut"]``)
     halves_s: float = 0.0        # what the packings of the halves took (:func:`_pack_halves`)
@@ -561,18 +573,18 @@ class _Setting:
 
     def half_bw(self, name: str) -> np.ndarray:
         """The pair bandwidths of half ``name``'s network (transposed for the ReduceScatter's)."""
-        return self.bw if name == "allgather" else self.bw[tr.transposed_pair_order(self.net)]
+        return self.bw if name == "allgather" else self.bw[transposed_pair_order(self.net)]
 
-    def stopped(self, p: tr.Packing, name: str) -> None:
+    def stopped(self, p: Packing, name: str) -> None:
         # the column generation ends at its LP optimum (within the tolerance) unless stopped
-        if p.lp_time > p.lower_bound * (1 + tr.LP_TOL):
+        if p.lp_time > p.lower_bound * (1 + LP_TOL):
             self.cut_by_limit.append(f"{name} packing stopped short of its LP optimum (proven bound "
                                      f"{p.lower_bound / p.lp_time:.4f} of its LP time)")
         self.clock_cut(p, name)
 
-    def clock_cut(self, p: tr.Packing, name: str) -> None:
+    def clock_cut(self, p: Packing, name: str) -> None:
         """Say where the clock, not a node limit, ended a rounding of ``p`` (what a slower machine
-        may round otherwise: :meth:`trees._Rounding.clock_cut`), once per packing and count."""
+        may round otherwise: :meth:`.rounding._Rounding.clock_cut`), once per packing and count."""
         counts = p.stats.get("rounding_stopped_by_clock")
         if counts:
             note = (f"{name} rounding to {', '.join(map(str, counts))} chunks per rank stopped by the clock "
@@ -588,7 +600,7 @@ def _half_nets(st: _Setting) -> bool:
     out-trees on it (packed once, ReduceScatter then reaches AllGather's time in the link model;
     packed apart, the LP's ties fall another way)."""
     net, bw = st.net, st.bw
-    mirror = net.is_self_transposed() and (st.own_bw or np.array_equal(bw, bw[tr.transposed_pair_order(net)]))
+    mirror = net.is_self_transposed() and (st.own_bw or np.array_equal(bw, bw[transposed_pair_order(net)]))
     if st.coll in ("allgather", "allreduce"):
         st.nets["allgather"] = net
     if st.coll in ("reducescatter", "allreduce") and "reducescatter" not in st.nets:
@@ -620,7 +632,7 @@ def _pack_halves(st: _Setting, joint_later: bool, cut: dict[str, float] | None =
     later = int(joint_later and coll == "allreduce")
     mirror = _half_nets(st)
     cut = dict(cut) if cut is not None else _half_cut_bounds(st)
-    packs: dict[str, tr.Packing] = {}
+    packs: dict[str, Packing] = {}
     if coll in ("allgather", "allreduce"):
         packs["allgather"] = tr.pack_trees(net, pair_bw=bw, bound=cut["allgather"], max_chunks=st.max_chunks,
                                            time_limit=st.left(2 + later if coll == "allreduce" else 1))
@@ -774,11 +786,11 @@ class _Builder:
         self.st = st
         self._shapes: list = []      # (packing, shape, the shaped packing)
 
-    def shaped(self, name: str, p: tr.Packing, shape: str) -> tr.Packing:
+    def shaped(self, name: str, p: Packing, shape: str) -> Packing:
         """``p`` (half ``name``) reshaped by ``shape``, made once per packing and shape."""
         got = next((s for q, sh, s in self._shapes if q is p and sh == shape), None)
         if got is None:
-            got = tr.shaped(self.st.nets[name], p, shape)
+            got = shaped(self.st.nets[name], p, shape)
             self._shapes.append((p, shape, got))
         return got
 
@@ -816,7 +828,7 @@ class _Builder:
             op = RRC if name == "reducescatter" else RECV
             whole = self.shaped(name, pk[name], shape)
             sp = split_packing(whole, split)
-            lp = tr.loop_rows(sp, op, step0, reduce=name == "reducescatter")
+            lp = loop_rows(sp, op, step0, reduce=name == "reducescatter")
             G = len(sp.symmetry) if lp is not None else 1
             bd = bundles(sp, split, most, trees=range(0, len(sp.roots), G))
             if lp is not None:
@@ -844,13 +856,47 @@ class _Builder:
         return rows, info
 
     def program(self, job: Job, pk: PackSet):
-        """``bundled``'s program of ``pk`` shaped ``job.shape``, and its split."""
+        """``bundled``'s program of ``pk`` shaped ``job.shape``, and its split (for a target engine:
+        :meth:`engine_program`)."""
         st = self.st
         split = split_for(job.chunks, st.net.nranks, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
+        if st.engine is not None:
+            return self.engine_program(job, pk, split)
         return split, bundled(
             lambda m: self.build(job.shape, pk, split, m), lambda m, w: self.channels_of(pk, m, w),
             lambda m: stream_blocks(self.shaped_set(pk, job.shape), m),
             st.net.nranks, st.max_blocks, st.resident)
+
+
+    def engine_program(self, job: Job, pk: PackSet, split: int):
+        """The program of ``pk`` as the target engine runs it: the first the engine's check
+        (``st.engine``) accepts of every chunk cut ``split`` ways, then half as many, down to one,
+        each with a connection per stream, then the streams of a tree in bundles of each of
+        :data:`BUNDLE_SIZES` (a bundle's streams share a connection), then every stream of a pair
+        on one connection. A connection is a thread block at each end in every engine, whose
+        operations and steps are its transfers, so more connections and more pieces are what the
+        engines' limits on thread blocks, operations and steps refuse, and what is given up first
+        is the fewest of them. ``fits`` is whether the check accepts the program kept (no other
+        residency applies: the engine's limit on thread blocks is in its check), one block per
+        thread block (the engines copy a program per channel). With ``job.own_connections`` the
+        streams keep a connection each and only the pieces are fewer. Returns what :meth:`program`
+        does, ``most`` 0 where every stream of a pair shares its connection."""
+        st = self.st
+        while True:
+            for most in (None,) if job.own_connections else (None,) + BUNDLE_SIZES + (0,):
+                rows, info = self.build(job.shape, pk, split, most or None)
+                if most == 0:
+                    rows[:, 5] = 0         # every stream of a pair on one connection
+                why = st.engine(rows)
+                if why is None:
+                    break
+            if why is None or split == 1:
+                break
+            split //= 2
+        if most is not None:
+            info["loops"] = None           # the loops carry a channel per stream
+        blocks = int(blocks_per_rank(rows, st.net.nranks).max())
+        return split, (rows, info, 1, most, blocks, WARPS, why is None, blocks)
 
 
 class _Selection(SelectionLoop):
@@ -890,7 +936,7 @@ class _Selection(SelectionLoop):
             self.queue.extend(self._jobs(rest))
 
     def _jobs(self, variants: list) -> list[Job]:
-        shapes = tr.SHAPES if self.st.score is not None else tr.SHAPES[:1]
+        shapes = SHAPES if self.st.score is not None else SHAPES[:1]
         return [Job(kv, pk, joint, shape) for kv, pk, joint in variants for shape in (("",) if joint else shapes)]
 
     def _score(self, *program) -> float:
@@ -935,16 +981,24 @@ class _Selection(SelectionLoop):
             self.not_needed += 1
             return
         if any(p.stats.get("integral") for p in pk.values()):
-            # integral trees (trees.Packing.alternative) fill their resources, so the shaping passes
+            # integral trees (packing.Packing.alternative) fill their resources, so the shaping passes
             # have next to no room to move them: one candidate, unshaped
-            if pk.integral_built:
+            if pk.integral_built and not job.own_connections:
                 self.not_needed += 1
                 return
             pk.integral_built = True
             job.shape = ""
         b0 = clock.now()
         split, (rows, info, ch, most, blocks, warps, fits, own) = self.builder.program(job, pk)
-        if (most is not None or warps < WARPS or not fits) and self.st.score is not None and not pk.refitted:
+        if self.st.engine is not None:
+            if not fits:
+                self._refit_engine(job, pk)
+            elif most is not None and not job.own_connections:
+                # streams sharing connections at many pieces, or a connection each at fewer: the
+                # simulator decides (12 H20s' ReduceScatter for MSCCL++: one connection per pair at
+                # 32 chunks per rank ran at 0.59 of the bound)
+                self.queue.appendleft(Job(job.chunks, pk, job.joint, job.shape, own_connections=True))
+        elif (most is not None or warps < WARPS or not fits) and self.st.score is not None and not pk.refitted:
             if self._refit(job, pk, own):
                 return
         st, settled = self.st, self._settled()
@@ -969,7 +1023,7 @@ class _Selection(SelectionLoop):
     # ------------------------------------------------------------ what a result queues
     def _reround(self, pk: PackSet, k: int) -> PackSet | None:
         left_s = self.st.deadline - clock.now()
-        got = rerounded(pk.by_name, k, min(tr.ROUND_MILP_SECONDS, left_s / 4))
+        got = rerounded(pk.by_name, k, min(ROUND_MILP_SECONDS, left_s / 4))
         return None if got is None else PackSet(got)
 
     def _refit_chunks(self, job: Job, pk: PackSet, own: int) -> PackSet | None:
@@ -982,7 +1036,7 @@ class _Selection(SelectionLoop):
         again = self._reround(pk, k_fit) if k_fit and st.deadline - clock.now() > 0 else None
         # the scaling is an estimate (the trees of another rounding differ): more chunks
         # whose rounded trees still fit, counted exactly, are taken where there are such
-        for k in sorted((c for c in tr.CHUNK_CANDIDATES if max(1, k_fit) < c < job.chunks), reverse=True):
+        for k in sorted((c for c in CHUNK_CANDIDATES if max(1, k_fit) < c < job.chunks), reverse=True):
             if st.deadline - clock.now() <= 0:
                 break
             more = self._reround(pk, k)
@@ -991,6 +1045,19 @@ class _Selection(SelectionLoop):
                 again = more
                 break
         return again
+
+    def _refit_engine(self, job: Job, pk: PackSet) -> None:
+        """The target engine refuses ``job``'s program even with every chunk whole: the same LP
+        rounded to the next fewer chunks per rank (of :data:`.rounding.CHUNK_CANDIDATES`) is built
+        next, and so on while the engine refuses (a rank's transfers, and so the operations and
+        steps of its connections, grow with the chunks per rank)."""
+        if pk.engine_refitted:
+            return
+        pk.engine_refitted = True
+        k = max((c for c in CHUNK_CANDIDATES if c < job.chunks), default=0)
+        again = self._reround(pk, k) if k and self.st.deadline - clock.now() > 0 else None
+        if again is not None and again.chunks < job.chunks:
+            self.queue.appendleft(Job(again.chunks, again, job.joint, job.shape))
 
     def _refit(self, job: Job, pk: PackSet, own: int) -> bool:
         """Bundles cost rate (a bundle takes one fair share where its streams took one each), and
@@ -1012,7 +1079,7 @@ class _Selection(SelectionLoop):
         if again is None:
             return False
         again.refitted = True
-        shape_r = "" if job.joint else tr.SHAPES[0]
+        shape_r = "" if job.joint else SHAPES[0]
         if shape_r and not b.resident_somewhere(stream_blocks(b.shaped_set(again, shape_r)), again):
             # shaping moves streams onto fewer forwarding ranks, which may then hold more
             # thread blocks than stay resident: unshaped where it does
@@ -1046,13 +1113,13 @@ class _Selection(SelectionLoop):
             # to half the chunks (half the streams, each twice as fast) is built and simulated
             # next, and halved again while that gains (see FEWER_STREAMS_ABOVE)
             pk.halved = True
-            k = max((c for c in tr.CHUNK_CANDIDATES if c <= job.chunks // 2), default=0)
+            k = max((c for c in CHUNK_CANDIDATES if c <= job.chunks // 2), default=0)
             fewer = self._reround(pk, k) if k else None
             if fewer is not None and fewer.chunks < job.chunks:
                 fewer.thinned_from = sc
                 self.queue.appendleft(Job(fewer.chunks, fewer, job.joint, job.shape))
         if short and not pk.alternated and all(p.alternative is not None for p in pk.values()):
-            # integral trees (trees.Packing.alternative) that fall short of their link-model time:
+            # integral trees (packing.Packing.alternative) that fall short of their link-model time:
             # they fill every resource, so they can grow deep and fill slowly; the LP's own trees
             # rounded, slower in the link model, are simulated next
             pk.alternated = True
@@ -1103,6 +1170,8 @@ def _detail(st: _Setting, best: Candidate, candidates: list, cut: dict, not_need
     if not_needed:
         detail["candidates_not_built"] = not_needed
     detail["channels_per_pair"] = int(best.rows[:, 5].max()) + 1 if len(best.rows) else 1
+    if st.engine is not None and best.fits:
+        detail["engine_fitted"] = True     # built for the target engine, and its check accepts it
     if "channels_folded" in info:          # more streams on a pair than channels (fold_channels)
         detail["channels_folded_from"] = int(info["channels_folded"])
     return detail
@@ -1132,7 +1201,8 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                      total_bytes: float = float(1 << 30), time_limit: float = 60.0,
                      score: Callable[[str, np.ndarray, int, int, int], float] | None = None,
                      block_gbps: float | None = DEFAULT_BLOCK_GBPS, max_chunks: int | None = None,
-                     max_blocks: int | None = None, resident: Callable[[int], int | None] | None = None):
+                     max_blocks: int | None = None, resident: Callable[[int], int | None] | None = None,
+                     engine: Callable[[np.ndarray], str | None] | None = None):
     """The tree-packing program of ``collective`` (allgather, reducescatter, allreduce) on ``net``.
 
     ``pair_bw``: bytes/s of every pair as the simulator runs it (default ``net.bw``);
@@ -1142,7 +1212,12 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     true once a program ran so close to the bound that none is simulated any more, ends the
     building of candidates while the best one fits); ``max_blocks``: the blocks a rank keeps
     resident at once at :data:`WARPS` warps per block (None: no limit), ``resident(warps)`` at
-    fewer (None: no fewer warps), see :func:`bundled`.
+    fewer (None: no fewer warps), see :func:`bundled`. ``engine(rows)``: the limits of the engine
+    the program is for, as a check of a candidate's rows on one channel saying why the engine
+    refuses them (None: it runs them): every candidate is then built on one channel, its chunks
+    cut into fewer pieces and re-rounded to fewer chunks per rank while the check refuses
+    (:meth:`_Builder.engine_program`, :meth:`_Selection._refit_engine`), and the candidates it
+    accepts rank before the others, the fastest first.
 
     Stages: an AllReduce's joint packing first where it goes first (:func:`_joint_first`, the
     halves then packed beside its first simulation: :class:`_Later`), the packings
@@ -1158,7 +1233,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     # bound when stopped); the rest is for building the program and the caller's work after it
     st = _Setting(coll, net, np.asarray(net.bw if pair_bw is None else pair_bw, float), float(total_bytes) / max(n, 1),
                   block_gbps, max_blocks, resident, max_chunks, score, t0, t0 + float(time_limit),
-                  t0 + PACK_SHARE * float(time_limit), own_bw=pair_bw is None)
+                  t0 + PACK_SHARE * float(time_limit), own_bw=pair_bw is None, engine=engine)
     builder = _Builder(st)
     joint, cut, first = _joint_first(st) or (None, None, False)
     if first:

@@ -18,8 +18,11 @@ from hccc.compiler.frontend.slice_policy import SlicePolicy
 #: backend's catalog from a topology): the ones the packing or the step search builds
 COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
 METHOD_CHOICES = ("auto", "trees", "search")
-#: the engines ``--for`` names (:mod:`hccc.synth_engines`)
-ENGINE_CHOICES = ("xml", "mscclpp")
+#: the engines ``--for`` names: hccc's own (the default), the MSCCL executor (``msccl``, or ``xml``,
+#: the name it had first: its programs are MSCCL XML) and the MSCCL++ executor
+ENGINE_CHOICES = ("hccc", "msccl", "mscclpp", "xml")
+#: each choice as an engine of :mod:`hccc.synth_engines` (None: hccc's own, no other engine's limits)
+ENGINE_OF_CHOICE = {"hccc": None, "msccl": "xml", "mscclpp": "mscclpp", "xml": "xml"}
 #: ``--method auto`` also runs the step search when the tree program reaches less of the bound than
 #: this in the simulator (AllReduce: of the lower throughput of its bound for any schedule and of
 #: ReduceScatter + AllGather's optimum, which tree programs reach): below it the simulator has
@@ -43,7 +46,7 @@ class SynthOptions:
     sim_select: bool = True
     method: str = "auto"
     sizes: tuple[int, ...] = ()              # () : one program, for select_size
-    engine: str | None = None                # "xml" | "mscclpp": fit that engine's limits
+    engine: str | None = None                # one of ENGINE_CHOICES: fit that engine's limits
     cluster_name: str | None = None          # written in the header comment (the file's name)
     auto_search_below: float = AUTO_SEARCH_BELOW
 
@@ -91,4 +94,4 @@ class SynthPlan:
         return out
 
 
-__all__ = ["AUTO_SEARCH_BELOW", "ENGINE_CHOICES", "METHOD_CHOICES", "SynthOptions", "SynthPlan"]
+__all__ = ["AUTO_SEARCH_BELOW", "ENGINE_CHOICES", "ENGINE_OF_CHOICE", "METHOD_CHOICES", "SynthOptions", "SynthPlan"]

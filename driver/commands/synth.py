@@ -96,12 +96,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", type=comma_list(parse_size, "sizes"), default=None, metavar="BYTES[,BYTES...]",
                    help="message size(s) the program is made for (default: --select-size); with several sizes "
                         "one program per size is written, named ALGO_<size>.rccl, each by the method its size picks")
-    p.add_argument("--for", dest="engine", choices=("xml", "mscclpp"), default=None,
-                   help="synthesize for another engine: 'xml' (the MSCCL executor, hccc xml) or 'mscclpp' (the "
-                        "MSCCL++ executor, hccc plan): one channel, and only a program that engine's exporter "
-                        "accepts with its default limits (steps per thread block, thread blocks per rank, XML "
-                        "elements); the step search is tried where the tree program does not fit, and where "
-                        "none fits the command says why and writes nothing")
+    p.add_argument("--for", dest="engine", choices=("hccc", "msccl", "mscclpp", "xml"), default=None,
+                   help="the engine the program is for: 'hccc' (the default; the report names the other engines "
+                        "that refuse the program and why), 'msccl' or 'xml' (the MSCCL executor, hccc xml) or "
+                        "'mscclpp' (the MSCCL++ executor, hccc plan): that engine's limits (thread blocks per rank, "
+                        "operations and steps per thread block, channels, XML elements, with its exporter's "
+                        "defaults) are constraints of the tree packing's candidates (connections, pieces and "
+                        "chunks per rank), the fastest in the simulator that fits kept, one block per thread "
+                        "block; the program written is one the engine's exporter accepts: the step search is "
+                        "tried where the tree program does not fit, and where none fits the command says why "
+                        "and writes nothing")
     p.add_argument("-o", "--output", required=True, metavar="ALGO.rccl", help="where to write the program")
     p.add_argument("--json", action="store_true",
                    help='print {"collective", "nranks", "steps", "lower_bound_steps", "seconds", "output", ...}')
