@@ -159,8 +159,11 @@ def _conn_index(rank, peer, channel, mask, count, nranks):
     pos_sorted = csum - csum[gstart][gid]
     conn[idx[order]] = local[gid]
     pos[idx[order]] = pos_sorted
-    for g, (rr, pp, cc) in enumerate(zip(grank.tolist(), ps[gstart].tolist(), cs[gstart].tolist())):
-        tables[rr].append([pp, cc])
+    # each rank's connections as [peer, channel] lists, in connection order
+    rows = np.stack([ps[gstart], cs[gstart]], axis=1)
+    cut = np.flatnonzero(rank_first)
+    for rr, part in zip(grank[cut].tolist(), np.split(rows, cut[1:])):
+        tables[rr] = part.tolist()
     return conn, pos, tables
 
 
