@@ -20,8 +20,10 @@ bound expressed as a busbw, with the ratios synthesised/ring and synthesised/bou
 ``--end-to-end``: AllGather and AllReduce on 64 and 128 nodes of 8 H20 GPUs (512 and 1,024 GPUs,
 ``examples/clusters/generate.py``'s node) made as a user makes them, each command a fresh process:
 ``hccc synth CLUSTER --collective C -o x.rccl`` (its defaults) then ``hccc x.rccl -o DIR``. Per case:
-the wall seconds and CPU seconds of each command, their sum against :data:`END_TO_END_TARGET`, and
-the transfers and method of the program. ``--nodes 64,128`` picks the cluster sizes.
+the wall seconds and CPU seconds (user + system, its children's included) of each command, and
+their sums: the CPU seconds are held to :data:`END_TO_END_TARGET` (what an idle machine takes; on
+a shared one the wall seconds grow with the load, and are printed beside them); and the transfers
+and method of the program. ``--nodes 64,128`` picks the cluster sizes.
 """
 from __future__ import annotations
 
@@ -108,7 +110,8 @@ def run_case(topo, label: str, coll: str, time_limit: float, sim, variants: int)
 
 
 #: seconds a 1,024-GPU AllGather or AllReduce may take from ``hccc synth`` to compiled kernels on a
-#: 2-core machine without a GPU (the target synthesis at scale is held to)
+#: 2-core machine without a GPU (the target synthesis at scale is held to), counted in CPU seconds
+#: (user + system), which a machine shared with other work does not inflate
 END_TO_END_TARGET = 120.0
 #: the clusters of ``--end-to-end``: nodes of 8 H20 GPUs
 END_TO_END_NODES = (64, 128)
@@ -160,7 +163,8 @@ def end_to_end(nodes_list, workdir: Path) -> list[dict]:
             else:
                 row["error"] = err_s
             row["total_wall_s"] = round(row["synth_wall_s"] + row.get("compile_wall_s", 0.0), 1)
-            row["within_target"] = rc_s == 0 and row.get("compile_rc") == 0 and row["total_wall_s"] <= END_TO_END_TARGET
+            row["total_cpu_s"] = round(row["synth_cpu_s"] + row.get("compile_cpu_s", 0.0), 1)
+            row["within_target"] = rc_s == 0 and row.get("compile_rc") == 0 and row["total_cpu_s"] <= END_TO_END_TARGET
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     return rows
@@ -188,7 +192,8 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"{r['gpus']:5d} GPUs {r['collective']:10s} synth {r['synth_wall_s']:6.1f} s wall "
                   f"({r['synth_cpu_s']:.1f} CPU)  compile {r.get('compile_wall_s', float('nan')):6.1f} s wall "
-                  f"({r.get('compile_cpu_s', float('nan')):.1f} CPU)  total {r['total_wall_s']:6.1f} s  "
+                  f"({r.get('compile_cpu_s', float('nan')):.1f} CPU)  total {r['total_cpu_s']:6.1f} CPU s "
+                  f"({r['total_wall_s']:.1f} s wall)  "
                   f"{'within' if r['within_target'] else 'OVER'} {END_TO_END_TARGET:g} s"
                   + (f"  error: {r['error']}" if "error" in r else ""))
         if args.json:

@@ -763,7 +763,7 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     from hccc.compiler.cluster.topology_check import check_on_topology
     from hccc.compiler.passes.verify import verify
 
-    from hccc.compiler.synth.budget import closing_seconds, least_transfers
+    from hccc.compiler.synth.budget import closing_seconds, least_transfers, wall_seconds
 
     title = f"{opts.collective} on {printable(str(opts.cluster_name))} ({plural(topo.nranks, 'GPU')})"
     if len(opts.sizes) > 1:
@@ -780,7 +780,8 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
             as phase:
         compare_default = default is not None and opts.method == "auto" and size != opts.select_size
         result, fraction, bound, tried, sims, simulated, choices = _select(
-            opts, topo, size, deadline - closing, phase, None, make_eval, default if compare_default else None)
+            opts, topo, size, deadline - wall_seconds(closing), phase, None, make_eval,
+            default if compare_default else None)       # (at the pace the machine gives the command)
         if opts.engine:
             result, fraction = _fit_engine(opts, topo, size, deadline, phase, result, sims, bound, simulated,
                                            make_eval)

@@ -337,6 +337,49 @@ def test_up_front_check_refuses_only_what_the_export_refuses(alg, fuse, k, max_s
         export_xml(build_algorithm_level(alg), lim, fuse=fuse, instances=k)
 
 
+def _on_channels(alg, channels):
+    """``alg`` with its transfers on the given channels (a column, cycled to the transfer count)."""
+    import dataclasses
+
+    import numpy as np
+    ch = np.resize(np.asarray(channels, np.int64), len(alg.src)) if len(alg.src) else np.zeros(0, np.int64)
+    return dataclasses.replace(alg, channel=ch)
+
+
+@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.lists(st.integers(0, 5), min_size=1, max_size=12),
+       st.booleans(), st.integers(1, 2), st.integers(1, 6), st.integers(1, 5))
+@settings(max_examples=40, deadline=None)
+def test_up_front_check_counts_channels_and_refuses_only_what_the_export_refuses(alg, channels, fuse, k, max_steps,
+                                                                                 max_channels):
+    """Transfers of one pair on different channels are connections of their own, so the up-front
+    check counts them (a pair on more channels than the runtime has is refused before anything is
+    built), and it stays a lower bound: whatever it refuses, the full export refuses too."""
+    alg = _on_channels(alg, channels)
+    lim = XmlLimits(max_steps=max_steps, max_channels=max_channels, max_tbs_per_channel=32)
+    try:
+        check_algorithm_fits(alg, lim, instances=k, fuse=fuse)
+        return
+    except CompileError:
+        pass
+    with pytest.raises(CompileError):
+        export_xml(build_algorithm_level(alg), lim, fuse=fuse, instances=k)
+
+
+def test_pair_on_more_channels_than_the_runtime_is_refused_up_front(monkeypatch):
+    """A ring AllGather whose every transfer of a pair is on a channel of its own: 8 ranks, 7
+    transfers a pair, 7 channels: refused from the transfer table at 4 channels (the oracle:
+    counted here by hand, 7 distinct channels on the pair 0 -> 1), accepted at 8."""
+    import hccc.compiler.passes.build as build
+    alg = G.ring_allgather(8)
+    steps = alg.step.copy()
+    alg = _on_channels(alg, steps)                    # a ring sends one chunk a step on each pair
+    assert len({int(c) for s, d, c in zip(alg.src, alg.dst, alg.channels) if (s, d) == (0, 1)}) == 7
+    check_algorithm_fits(alg, XmlLimits(max_channels=8))
+    monkeypatch.setattr(build, "build_algorithm_level", lambda *a, **k: pytest.fail("built a refused program"))
+    with pytest.raises(CompileError, match="to rank 1 on 7 channels .* 7 connections .* has 4 channels"):
+        export_algorithm(alg, XmlLimits(max_channels=4))
+
+
 def test_large_program_is_refused_before_anything_is_built(monkeypatch):
     """1,024 GPUs of HM AllReduce cannot fit the runtimes: refused from the transfer table alone."""
     import hccc.compiler.passes.build as build

@@ -224,3 +224,43 @@ def test_a_greedy_stopped_by_the_limit_says_what_would_help(monkeypatch, k):
     msg = str(err.value)
     assert f"no complete schedule for 16 ranks and {16 * k} chunks" in msg and "stopped after" in msg
     assert msg.endswith("raise --time-limit" + (" or use fewer chunks per rank" if k > 1 else ""))
+
+
+def test_slowdown_is_wall_seconds_per_cpu_second_within_its_bounds(monkeypatch):
+    """The work clock's pace (util/clock.py ``slowdown``): a process that used 1 CPU second in 5
+    wall seconds runs at 5; never below 1 (threads add CPU faster than wall time passes), never
+    above ``MAX_SLOWDOWN``, and 1 until it has used ``SLOWDOWN_SAMPLE_CPU_S`` of CPU. The oracle:
+    the clock's own readings, shifted as the test says."""
+    import time
+
+    def pace(cpu_s, wall_s):
+        monkeypatch.setattr(clock, "_cpu0", time.process_time() - cpu_s)
+        monkeypatch.setattr(clock, "_wall0", time.perf_counter() - wall_s - clock.compile_seconds())
+        return clock.slowdown()
+
+    assert pace(1.0, 5.0) == pytest.approx(5.0, rel=0.05)
+    assert pace(2.0, 1.0) == 1.0
+    assert pace(1.0, 100.0) == clock.MAX_SLOWDOWN
+    assert pace(clock.SLOWDOWN_SAMPLE_CPU_S / 4, 100.0) == 1.0
+    assert budget.wall_seconds(3.0) == pytest.approx(3.0)       # (the last pace: too little CPU)
+
+
+def test_the_closing_phases_get_their_time_at_the_machines_pace(monkeypatch, tmp_path, capsys):
+    """A closing predicted at 20 s leaves a 60 s AllToAll search on 32 GPUs 40 s, in which its
+    routing ends by itself; at four wall seconds per CPU second (a loaded machine) the same
+    prediction is 80 s and the search gets nothing: the direct program, proven and written. What is
+    refused is decided at an idle machine's pace, so nothing is refused either way."""
+    from hccc.cli import main
+
+    monkeypatch.setattr(budget, "CLOSING_SECONDS_PER_ALLTOALL_TRANSFER", 20.0 / (32 * 31))
+    monkeypatch.setattr("hccc.synth_engines.plan_check_seconds", lambda m: 0.0)
+    p = tmp_path / "n4.topo"
+    p.write_text(many_nodes_text(4))
+    got = {}
+    for pace in (1.0, 4.0):
+        monkeypatch.setattr(clock, "slowdown", lambda pace=pace: pace)
+        assert main(["synth", str(p), "--collective", "alltoall", "--time-limit", "60", "-o",
+                     str(tmp_path / f"a{pace}.rccl"), "--json"]) == 0
+        got[pace] = json.loads(capsys.readouterr().out)
+    assert not got[1.0]["timed_out"]
+    assert got[4.0]["timed_out"] and got[4.0]["phase_seconds"]["search"] < 10

@@ -28,6 +28,17 @@ _compiled = 0.0          # seconds of finished outermost compiles
 _depth = 0               # compiles in progress (nested ones inside the outermost)
 _started = 0.0           # perf_counter() at which the outermost one in progress began
 _installed = False
+# where :func:`slowdown` counts from: this module's import, early in every command
+_wall0 = time.perf_counter()
+_cpu0 = time.process_time()
+
+#: the least CPU time of this process, in seconds, from which :func:`slowdown` trusts its ratio
+#: (below it, a few imports' disk reads would pass for a loaded machine)
+SLOWDOWN_SAMPLE_CPU_S = 0.2
+#: the largest slowdown :func:`slowdown` reports: a 2-core machine shared by six busy processes
+#: gave hccc synth 4.8 wall seconds per CPU second (64 nodes x 8 H20, AllToAll: 17.3 s for 3.6 s of
+#: CPU, load average 12); twice that bounds what a phase that cannot stop is predicted to take
+MAX_SLOWDOWN = 8.0
 
 
 def _spent(t: float) -> float:
@@ -123,6 +134,21 @@ def count_compiles() -> bool:
         event.register("numba:compile", _CompileTimer())
         _installed = True
         return True
+
+
+def slowdown() -> float:
+    """Wall seconds per CPU second of this process so far (1 on an idle machine, more where others
+    share its cores; at least 1, at most :data:`MAX_SLOWDOWN`): what turns a phase's predicted CPU
+    seconds into the wall seconds a deadline counts (:mod:`hccc.compiler.synth.budget`). Numba's
+    compiling is left out of the wall time as the work clock leaves it out; until the process has
+    used :data:`SLOWDOWN_SAMPLE_CPU_S` of CPU, 1."""
+    cpu = time.process_time() - _cpu0
+    if cpu < SLOWDOWN_SAMPLE_CPU_S:
+        return 1.0
+    with _lock:
+        t = time.perf_counter()
+        wall = t - _wall0 - _spent(t)
+    return min(MAX_SLOWDOWN, max(1.0, wall / cpu))
 
 
 class Deadline:

@@ -9,9 +9,12 @@ millions of transfers. Every quantity it compares is a lower bound on what the s
 program the exporter would accept:
 
 * every transfer is one step in the MSCCL thread block that owns its sending end and one in the
-  thread block owning its receiving end; a (sender, receiver) pair of ``c`` transfers is cut into
-  at least ``ceil(c / max_steps)`` connections, each on a channel and a thread block of its own at
-  both ends (:func:`hccc.compiler.interop.msccl_tbs.split_connections`), per instance;
+  thread block owning its receiving end; a connection (sender, receiver and the transfers'
+  channel: transfers on different channels never share one) of ``c`` transfers is cut into at
+  least ``ceil(c / max_steps)`` connections, each on a channel and a thread block of its own at
+  both ends (:func:`hccc.compiler.interop.msccl_tbs.split_connections`), per instance, so a pair's
+  connections need as many distinct channels (a tree program's streams on one pair, numbered by
+  channel, grow with the nodes: 63 on a pair of 32 nodes x 8 H20s, past the runtime's 32);
 * a rank's XML elements are ``1 + ngpus + thread blocks + steps``; without fusion every send and
   every receive is a step of its own and every connection end (cut as above) a thread block of its own; with
   fusion a step may both receive and send and a thread block may hold one end of each kind, so the
@@ -78,13 +81,19 @@ def check_transfers_fit(src, dst, nranks: int, lim: XmlLimits, *, instances: int
     dst = np.asarray(dst, dtype=np.int64)
     msgs: list[str] = []
     if len(src):
-        keys, pair = np.unique(src * n + dst, return_counts=True)
-        runs = -(-pair // lim.max_steps)           # connections a pair is cut into, per instance
+        ch = np.asarray(alg.channels, dtype=np.int64)
+        conns, per_conn = np.unique((src * n + dst) * (int(ch.max()) + 1) + ch, return_counts=True)
+        # connections of a pair, each cut into runs of at most max_steps (per instance)
+        keys, at = np.unique(conns // (int(ch.max()) + 1), return_inverse=True)
+        runs = np.bincount(at, weights=-(-per_conn // lim.max_steps)).astype(np.int64)
+        pair = np.bincount(at, weights=per_conn).astype(np.int64)
+        nch = np.bincount(at).astype(np.int64)
         j, c = _worst(runs * k)
         if c > lim.max_channels:
             over = int((runs * k > lim.max_channels).sum())
             a, b = divmod(int(keys[j]), n)
-            msgs.append(f"rank {a} sends {int(pair[j])} chunks to rank {b}, one step each; at most {lim.max_steps} "
+            on = (f" on {int(nch[j])} channels (a connection each)" if nch[j] > 1 else "")
+            msgs.append(f"rank {a} sends {int(pair[j])} chunks to rank {b}{on}, one step each; at most {lim.max_steps} "
                         f"steps per thread block cut that into {c} connections (with {k} instance(s)), "
                         f"each on a channel of its own, but the target runtime has {lim.max_channels} channels "
                         "(--xml-max-channels)"

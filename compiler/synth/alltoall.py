@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from hccc.compiler.synth.bounds import alltoall_step_bound
-from hccc.compiler.synth.budget import least_transfers, overruns, schedule_seconds
+from hccc.compiler.synth.budget import least_transfers, overruns, schedule_seconds, wall_seconds
 from hccc.compiler.synth.compose import list_schedule
 from hccc.compiler.synth.problem import Network, Schedule, Task
 from hccc.util import clock
@@ -106,6 +106,8 @@ def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: f
     hops = least_transfers("alltoall", n, K)
     scheduling = schedule_seconds(hops, lb)
     left = must_end.left() if must_end is not None else 0.0
+    # refused where it cannot fit at an idle machine's pace; the routing leaves it its time at the
+    # pace the machine gives the command (budget.wall_seconds)
     if must_end is not None and overruns(scheduling, left):
         leaves = (f"the time limit leaves it {left:.1f} s" if left > 0 else
                   f"the time limit leaves it nothing ({-left:.1f} s short already)")
@@ -113,7 +115,7 @@ def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: f
                          f"{hops:,} transfers over at least {lb:,} steps, and {leaves} once the proof and "
                          f"the text have their predicted time; raise --time-limit by "
                          f"{math.ceil(scheduling - left)} s or more")
-    deadline = Deadline(deadline.at - scheduling)
+    deadline = Deadline(deadline.at - wall_seconds(scheduling))
     out_ptr, out_idx = net.out_csr()
     load_p = np.zeros(net.npairs, np.int64)
     load_g = np.zeros(net.ngroups, np.int64)

@@ -10,6 +10,13 @@ An AllToAll's search also leaves its list scheduler, which packs every routed ho
 cannot stop either, the time it will take (:func:`schedule_seconds`, from the transfers and the
 step lower bound), and routes no block past that point (the blocks left take their direct links).
 
+The predictions are CPU seconds; a deadline counts wall seconds, so each is scaled by how many wall
+seconds a CPU second of the command has taken so far (:func:`hccc.util.clock.slowdown`,
+:func:`wall_seconds`): on a machine whose cores others share, the search stops as much earlier as
+the phases after it will take longer. What is refused (:func:`overruns`) is decided at an idle
+machine's pace, so a loaded machine refuses nothing an idle one makes: it writes the same kind of
+program, found in less time.
+
 The model, measured on a 2-core machine without a GPU
 (docs/measurements.md#synthesis-speed-at-64-gpus-no-gpu, *AllToAll under --time-limit*): the
 command ends by ``T + overhead``, the overhead being what the prediction
@@ -80,6 +87,13 @@ def closing_seconds(ntransfers: int, collective: str = "") -> float:
     return per * max(0, int(ntransfers))
 
 
+def wall_seconds(cpu_seconds: float) -> float:
+    """The wall seconds ``cpu_seconds`` of predicted work take at this command's pace so far
+    (:func:`hccc.util.clock.slowdown`)."""
+    from hccc.util.clock import slowdown
+    return float(cpu_seconds) * slowdown()
+
+
 def schedule_seconds(ntransfers: int, steps: int) -> float:
     """Predicted seconds of the AllToAll list scheduler for ``ntransfers`` hops over about
     ``steps`` steps (loading its compiled kernel included, where it runs compiled)."""
@@ -91,4 +105,4 @@ def schedule_seconds(ntransfers: int, steps: int) -> float:
 
 
 __all__ = ["CLOSING_SECONDS_PER_TRANSFER", "CLOSING_SECONDS_PER_ALLTOALL_TRANSFER", "OVERRUN_FRACTION", "OVERRUN_SECONDS", "overruns", "SCHEDULE_SECONDS_PER_TRANSFER_STEP", "SCHEDULER_LOAD_SECONDS",
-           "closing_seconds", "least_transfers", "schedule_seconds"]
+           "closing_seconds", "least_transfers", "schedule_seconds", "wall_seconds"]
