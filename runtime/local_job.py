@@ -24,6 +24,7 @@ for its kernel watching its peers (:meth:`~hccc.runtime.process_rank.ProcessRank
 from __future__ import annotations
 
 import ctypes
+import queue
 import threading
 
 import numpy as np
@@ -70,6 +71,8 @@ class LocalJob:
         self.last_time_us: float | None = None
         #: (dtype, op) -> the one-grid entry (:class:`GridEntry`), built on first use
         self._grids: dict = {}
+        #: one thread per rank that runs every call's step of that rank (:class:`RankThreads`)
+        self._threads = RankThreads(self.nranks)
         boots = local_bootstraps(self.nranks, timeout_s=timeout_s)
         #: the ranks' communicators, in rank order
         self.comms: list[ThreadRank] = []
@@ -85,7 +88,7 @@ class LocalJob:
         """``step(rank, communicator)`` on every rank at once, one thread each; the results in rank
         order, or :class:`CommunicatorError` naming every rank that raised (a failed call leaves
         every communicator unusable, as in separate processes)."""
-        got = _together(self.nranks, lambda r: step(r, self.comms[r]), self._interrupt)
+        got = _together(self.nranks, lambda r: step(r, self.comms[r]), self._interrupt, self._threads)
         errors = [e for _, e in got]
         if any(e is not None for e in errors):
             raise _job_error(errors, "in a call")
@@ -207,6 +210,7 @@ class LocalJob:
             for c in comms:
                 c._broken = running
         _together(len(comms), lambda r: comms[r].close())
+        self._threads.close()
 
     def __enter__(self):
         return self
@@ -215,14 +219,50 @@ class LocalJob:
         self.close()
 
 
-def _together(n: int, fn, interrupted=None) -> list[tuple[object, BaseException | None]]:
-    """``fn(r)`` for every ``r`` below ``n``, each in its own thread, all at once: (result, None)
-    or (None, the exception) per rank. Every call is bounded by the communicators' own timeouts,
-    so the threads are waited for without one. Ctrl-C meanwhile (or a thread the system refuses):
-    ``interrupted()`` tells the ranks to give up, the threads started end (further presses held
-    back), then the KeyboardInterrupt (or the refusal) goes on."""
+class RankThreads:
+    """One thread per rank of a job, started on first use and kept for every call (starting a
+    thread per rank per call cost the CPU emulation's 32-rank calls more than their kernels):
+    :meth:`start` hands rank ``r``'s thread one task. :meth:`close` ends them."""
+
+    def __init__(self, n: int):
+        self.n = int(n)
+        self._queues: list[queue.SimpleQueue] = []
+        self._threads: list[threading.Thread] = []
+
+    def start(self, r: int, task) -> threading.Thread:
+        """Run ``task()`` in rank ``r``'s thread (started now if it is not running); the thread."""
+        while len(self._threads) <= r:
+            q: queue.SimpleQueue = queue.SimpleQueue()
+            t = threading.Thread(target=_serve, args=(q,), name=f"hccc-rank-{len(self._threads)}", daemon=True)
+            t.start()                      # (RuntimeError where the system has no thread to spare)
+            self._queues.append(q)
+            self._threads.append(t)
+        self._queues[r].put(task)
+        return self._threads[r]
+
+    def close(self) -> None:
+        """End every thread once its task is done."""
+        for q in self._queues:
+            q.put(None)
+        self._queues, self._threads = [], []
+
+
+def _serve(tasks: queue.SimpleQueue) -> None:
+    """A :class:`RankThreads` thread: its tasks, one after another, until None."""
+    while (task := tasks.get()) is not None:
+        task()
+
+
+def _together(n: int, fn, interrupted=None, threads: RankThreads | None = None
+              ) -> list[tuple[object, BaseException | None]]:
+    """``fn(r)`` for every ``r`` below ``n``, each in its own thread (rank ``r``'s of ``threads``,
+    else one started for it), all at once: (result, None) or (None, the exception) per rank. Every
+    call is bounded by the communicators' own timeouts, so the threads are waited for without one.
+    Ctrl-C meanwhile (or a thread the system refuses): ``interrupted()`` tells the ranks to give
+    up, the steps started end (further presses held back), then the KeyboardInterrupt (or the
+    refusal) goes on."""
     got: list = [(None, None)] * n
-    # each thread's end, waited for on an Event: a Thread.join that Ctrl-C interrupts may take the
+    # each step's end, waited for on an Event: a Thread.join that Ctrl-C interrupts may take the
     # thread for ended while it runs (CPython 3.11's join releases the lock the thread holds)
     ended = [threading.Event() for _ in range(n)]
 
@@ -233,19 +273,23 @@ def _together(n: int, fn, interrupted=None) -> list[tuple[object, BaseException 
             got[r] = (None, exc)
         finally:
             ended[r].set()
-    threads = [threading.Thread(target=run, args=(r,), name=f"hccc-rank-{r}", daemon=True) for r in range(n)]
+    started = []
     try:
-        for t in threads:
-            t.start()
-        for e in ended[:len(threads)]:
+        for r in range(n):
+            if threads is not None:
+                threads.start(r, lambda r=r: run(r))
+            else:
+                t = threading.Thread(target=run, args=(r,), name=f"hccc-rank-{r}", daemon=True)
+                t.start()
+            started.append(r)
+        for e in ended:
             e.wait()
     except BaseException:    # Ctrl-C, or no thread to spare: the ranks started give up and end
         with deferred_interrupts():
             if interrupted is not None:
                 interrupted()
-            for t, e in zip(threads, ended):
-                if t.ident is not None:       # (started)
-                    e.wait()
+            for r in started:
+                ended[r].wait()
         raise
     return got
 
@@ -385,4 +429,4 @@ def _job_error(errors: list, doing: str) -> CommunicatorError:
     return CommunicatorError(f"the job failed {doing}: " + "; ".join(lines))
 
 
-__all__ = ["LocalJob", "ThreadRank", "GroupLaunch", "GridEntry"]
+__all__ = ["LocalJob", "ThreadRank", "GroupLaunch", "GridEntry", "RankThreads"]

@@ -304,6 +304,62 @@ def test_host_barriers_of_ranks_in_threads_wait_on_their_shared_condition():
             s.close()
 
 
+class _CountingCondition(threading.Condition):
+    """A Condition that counts its notify_all calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.notified = 0
+
+    def notify_all(self):
+        self.notified += 1
+        super().notify_all()
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.integers(2, 6), rounds=st.integers(1, 4))
+def test_only_the_rank_that_completes_a_barrier_wakes_the_others(n, rounds):
+    """Ranks in threads meet at ``rounds`` barriers on a shared condition: each barrier passes
+    for every rank, and the condition is notified once per barrier (by the rank that completes
+    it), not once per arrival."""
+    import os
+    from hccc.runtime.host_segment import HostSegments
+    wake = _CountingCondition()
+    segs = [HostSegments(r, n, 5.0, wake=wake) for r in range(n)]
+    try:
+        for s in segs:
+            for q in segs:
+                if q is not s:
+                    s.attach(q.rank, q.own.handle)
+            s.know([os.getpid()] * n, ["n"] * n)
+        for k in range(rounds):
+            assert _threads(n, lambda r: segs[r].barrier(f"barrier {k}")) == [None] * n
+        assert wake.notified == rounds
+    finally:
+        for s in segs:
+            s.close()
+
+
+@needs_gxx
+def test_every_call_of_a_rank_runs_in_that_ranks_one_thread():
+    """A job's steps run in one thread per rank, the same for every call (no thread started per
+    call); closing the job ends them."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    seen = []
+    with LocalJob(ir, timeout_s=30) as job:
+        for _ in range(3):
+            seen.append(job.each(lambda r, comm: threading.current_thread()))
+            job.collective([np.ones(6, np.float32)] * 3, 6)
+        threads = seen[0]
+        assert seen == [threads] * 3
+        assert len(set(map(id, threads))) == 3
+        assert all(t.is_alive() for t in threads)
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+
+
 # ------------------------------------------------------------------------------ the oracle on top
 @needs_gxx
 @settings(max_examples=4)
