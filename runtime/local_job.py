@@ -41,7 +41,7 @@ from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.kernel_abi import Args
 from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, program_layout
 from hccc.runtime.platform import Instance
-from hccc.runtime.rank_memory import grid_argument
+from hccc.runtime.rank_memory import BackgroundSync, grid_argument
 
 
 class ThreadRank(Communicator):
@@ -49,7 +49,12 @@ class ThreadRank(Communicator):
     built once (the build cache's turn) and loaded by each rank, with the one-grid entry; on the
     CPU emulation, where every rank of the process runs on the one host, its memory is ordered
     at device scope, as the single-process runner's (system scope made hm_allreduce_4x8's 1 MiB
-    launch ten times slower there)."""
+    launch ten times slower there). Its waits for its kernels synchronize through one thread kept
+    for the job's life (:class:`~hccc.runtime.rank_memory.BackgroundSync`), not one per call."""
+
+    def _allocate(self) -> None:
+        super()._allocate()
+        self._sync = BackgroundSync(f"hccc-rank-{self.rank}-wait")
 
     def _library(self) -> tuple[list[int], dict]:
         mine = self.rank_platform[self.rank]

@@ -72,6 +72,10 @@ class ProcessRank:
         #: the caller was asked for beyond this call's collective, count, dtype and op (the torch
         #: backend's description of the call: AVG and SUM run the same kernel)
         self.call_tag = 0
+        #: the kept thread the waits for this rank's kernels synchronize through
+        #: (:class:`~hccc.runtime.rank_memory.BackgroundSync`), or None: a thread per wait, which
+        #: has ended when the call returns
+        self._sync = None
         #: a callable the waits poll (host barriers, the kernel's run): a reason to give up (a peer
         #: that is making another call elsewhere), or None
         self.watch = None
@@ -315,7 +319,7 @@ class ProcessRank:
         got = wait_for_kernel(pf or self._pf, self.flags, self._hosts, self._net, self.ir, call=self._calls,
                               watch=self._watching, timeout_s=self.timeout_s,
                               kernel_timeout_s=self.kernel_timeout_s,
-                              abort_peers=self._owned.abort_peers, method=method)
+                              abort_peers=self._owned.abort_peers, method=method, sync=self._sync)
         if got is None:
             return
         why, kernel_running = got
@@ -335,6 +339,8 @@ class ProcessRank:
             self._hosts.close()
             self._hosts = None
         kernel_running = bool(self._broken and "ignores the abort flag" in self._broken)
+        if self._sync is not None:
+            self._sync.close()
         if self._owned is not None:
             self._owned.release(kernel_running)     # then only names go: the mappings stay
         if pf is not None and not kernel_running and self._owned_pf:
