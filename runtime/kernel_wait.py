@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from hccc.runtime.kernel_watch import ABORT_GRACE_S, watched_wait
-from hccc.runtime.rank_launches import describe_stuck
+from hccc.runtime.kernel_errors import describe_stuck
 
 #: how often the wait for this rank's kernel looks at its peers
 WATCH_S = 0.02

@@ -305,7 +305,7 @@ def test_kernel_abi_matches_the_header(pf, tmp_path):
         assert tuple(out[:3]) == kernel_abi.sizes() and out[3] == runner.nslots
     e = kernel_abi.ErrorRecord(claimed=1, valid=1, rank=3, tb=2, seq=1, op=int(Op.RECV_REDUCE_COPY),
                                wait=kernel_abi.WAIT_DATA, chunk=5, task=9, microbatch=4, waited=2000)
-    from hccc.runtime.rank_launches import describe_stuck
+    from hccc.runtime.kernel_errors import describe_stuck
     msg = describe_stuck(ir, e, 1000.0)
     assert msg.startswith("rank 3, TB 2 stuck in recv_reduce_copy for chunk 5 (micro-batch 4)")
 
