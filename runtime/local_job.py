@@ -321,7 +321,8 @@ class GroupLaunch:
         if copy_back is not None:
             raise CommunicatorError(f"rank {rank}: {method}: launched together, a call runs on the "
                                     "caller's arrays only (no temporaries)")
-        self._pending[rank] = comm._begin(method, count, dtype, op, in_p, out_p)
+        # the gate below is the second barrier: no kernel is launched before every rank has reset
+        self._pending[rank] = comm._begin(method, count, dtype, op, in_p, out_p, meet_after_reset=False)
         try:
             self.gate.wait()
         except BaseException:

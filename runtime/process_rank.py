@@ -197,10 +197,12 @@ class ProcessRank:
         self._launch(fn, args, call, what)
         self._wait(method)
 
-    def _begin(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None):
+    def _begin(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None, *,
+               meet_after_reset: bool = True):
         """Everything of :meth:`_run` before the launch: the call planned, posted and compared with
         every peer's at a host barrier, the counters reset, the scratch and the arguments, and the
-        second barrier (nobody sends into a stale FIFO). Returns (the kernel, its
+        second barrier (nobody sends into a stale FIFO; ``meet_after_reset=False`` leaves it to the
+        caller, as ranks launched together by one thread meet before that launch). Returns (the kernel, its
         :class:`~hccc.runtime.kernel_abi.Args`, the :class:`LaunchCall`, the call's name)."""
         ir = self.ir
         fn = self._kernel(dtype, op)
@@ -238,7 +240,8 @@ class ProcessRank:
                               error=self.flags.error, timeout_s=self.kernel_timeout_s, epoch=epoch)
         if v is not None:
             v.apply(args, ir.scratch_chunks > 0)
-        self._barrier(f"{what} (counters reset)")  # nobody sends into a stale FIFO
+        if meet_after_reset:
+            self._barrier(f"{what} (counters reset)")  # nobody sends into a stale FIFO
         return fn, args, call, what
 
     def _launch(self, fn, args, call: LaunchCall, what: str) -> None:

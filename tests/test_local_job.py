@@ -369,6 +369,22 @@ def test_every_call_of_a_rank_runs_in_that_ranks_one_thread():
     assert not any(t.is_alive() for t in threads)
 
 
+@needs_gxx
+def test_ranks_launched_together_meet_at_one_host_barrier_per_call():
+    """A call of ranks launched together passes one host barrier (the call compared), the launch's
+    gate being the second (every rank has reset its counters before the one launch); a call of
+    ranks launched each by its own thread passes both, and both are the collective's."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    x = [np.full(6, r + 1, np.float32) for r in range(3)]
+    with LocalJob(ir, timeout_s=30) as job:
+        for together, passed in ((True, 1), (False, 2), (True, 1)):
+            before = [c._hosts._seq for c in job.comms]
+            got = job.collective(x, 6, together=together)
+            assert [c._hosts._seq - b for c, b in zip(job.comms, before)] == [passed] * 3
+            assert all(np.array_equal(g, np.full(6, 6, np.float32)) for g in got)
+
+
 # ------------------------------------------------------------------------------ the oracle on top
 @needs_gxx
 @settings(max_examples=4)
