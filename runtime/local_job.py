@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import queue
 import threading
+import weakref
 
 import numpy as np
 
@@ -76,8 +77,10 @@ class LocalJob:
         self.last_time_us: float | None = None
         #: (dtype, op) -> the one-grid entry (:class:`GridEntry`), built on first use
         self._grids: dict = {}
-        #: one thread per rank that runs every call's step of that rank (:class:`RankThreads`)
+        #: one thread per rank that runs every call's step of that rank (:class:`RankThreads`),
+        #: ended on close or when the job is collected unclosed
         self._threads = RankThreads(self.nranks)
+        weakref.finalize(self, self._threads.close)
         boots = local_bootstraps(self.nranks, timeout_s=timeout_s)
         #: the ranks' communicators, in rank order
         self.comms: list[ThreadRank] = []
@@ -253,9 +256,11 @@ class RankThreads:
 
 
 def _serve(tasks: queue.SimpleQueue) -> None:
-    """A :class:`RankThreads` thread: its tasks, one after another, until None."""
+    """A :class:`RankThreads` thread: its tasks, one after another, until None (holding none
+    between them: a task may hold its job, which must stay collectable)."""
     while (task := tasks.get()) is not None:
         task()
+        del task
 
 
 def _together(n: int, fn, interrupted=None, threads: RankThreads | None = None
@@ -325,7 +330,7 @@ class GroupLaunch:
         self._pending[rank] = comm._begin(method, count, dtype, op, in_p, out_p, meet_after_reset=False)
         try:
             self.gate.wait()
-        except BaseException:
+        except BaseException as exc:
             # the launch failed or a peer gave up before it: kernels already launched stop
             comm.flags.raise_abort()
             comm._owned.abort_peers()
@@ -333,6 +338,10 @@ class GroupLaunch:
                 comm._wait(method, self._launcher(rank))
             except CommunicatorError:
                 pass
+            why = comm._hosts.peer_problem(watch=comm._watching)
+            if isinstance(exc, threading.BrokenBarrierError) and why:
+                # a peer failed before the launch: said as the host barrier the gate stands for says it
+                raise comm._fail(f"{why} ({self._pending[rank][3]} (counters reset))", abort_peers=False) from None
             raise
         comm._wait(method, self._launcher(rank))
 

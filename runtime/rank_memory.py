@@ -549,6 +549,7 @@ def _sync_tasks(tasks: queue.SimpleQueue) -> None:
             failure.append(exc)
         finally:
             done.set()
+        del task, platforms, failure     # (nothing of a wait held until the next)
 
 
 class _Waited:

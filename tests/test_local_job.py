@@ -367,6 +367,14 @@ def test_every_call_of_a_rank_runs_in_that_ranks_one_thread():
     for t in threads:
         t.join(10)
     assert not any(t.is_alive() for t in threads)
+    job = LocalJob(ir, timeout_s=30)           # a job dropped unclosed ends its rank threads too
+    threads = job.each(lambda r, comm: threading.current_thread())
+    del job
+    import gc
+    gc.collect()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
 
 
 @needs_gxx
@@ -383,6 +391,33 @@ def test_ranks_launched_together_meet_at_one_host_barrier_per_call():
             got = job.collective(x, 6, together=together)
             assert [c._hosts._seq - b for c, b in zip(job.comms, before)] == [passed] * 3
             assert all(np.array_equal(g, np.full(6, 6, np.float32)) for g in got)
+
+
+@needs_gxx
+def test_a_rank_that_fails_before_a_launch_together_is_named_by_every_peer():
+    """A rank refused memory after the call's barrier, before the launch of ranks launched
+    together: every peer's error names that rank's failure (as the host barrier the launch's gate
+    stands for says it), and the job runs again."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    x = [np.ones(6, np.float32)] * 3
+    with LocalJob(ir, timeout_s=30) as job:
+        scratch = job.comms[1]._owned.scratch_ptr
+
+        def refused(nbytes):
+            raise MemoryError("refused for the test")
+        job.comms[1]._owned.scratch_ptr = refused
+        with pytest.raises(CommunicatorError) as err:
+            job.collective(x, 6, together=True)
+        text = str(err.value)
+        assert "; rank 1: all_reduce #1: out of memory" in text, text
+        for r in (0, 2):
+            assert re.search(rf"rank {r}: rank 1 failed \(all_reduce #1: out of memory.*?\(all_reduce #1 "
+                             r"\(counters reset\)\)", text), text
+        assert "BrokenBarrier" not in text
+        job.comms[1]._owned.scratch_ptr = scratch
+        job.recover()
+        assert all(np.array_equal(g, np.full(6, 3, np.float32)) for g in job.collective(x, 6, together=True))
 
 
 # ------------------------------------------------------------------------------ the oracle on top
