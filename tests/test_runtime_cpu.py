@@ -607,6 +607,26 @@ def test_build_jobs_from_the_environment(tmp_path, monkeypatch):
             CpuPlatform()
 
 
+def test_the_compilers_version_is_asked_once_per_process_and_compiler(tmp_path):
+    """Every CPU platform's cache keys name the compiler and its version line: asked of the
+    compiler once per process (a fake compiler counts how often it is run), not once per platform
+    object, and asked again when the compiler's file changes."""
+    from hccc.runtime.cpu_build import CpuToolchain
+    runs = tmp_path / "runs"
+    fake = tmp_path / "fake-c++"
+
+    def write(version: str) -> None:
+        fake.write_text(f"#!/bin/sh\necho run >> {runs}\necho '{version}'\n")
+        fake.chmod(0o755)
+    write("fake c++ 1.0")
+    ids = [CpuToolchain(str(fake), "-O0", 1, None).compiler_id() for _ in range(3)]
+    assert ids == [f"{fake} fake c++ 1.0"] * 3
+    assert runs.read_text().count("run") == 1
+    write("fake c++ 2.0.1")
+    assert CpuToolchain(str(fake), "-O0", 1, None).compiler_id() == f"{fake} fake c++ 2.0.1"
+    assert runs.read_text().count("run") == 2
+
+
 def test_modules_are_linked_by_gold_where_the_driver_has_it(tmp_path, monkeypatch):
     """A module is linked with gold where g++ has it (readelf: gold's version note), else with the
     toolchain's own linker (a module of its own in the cache); both run right. A linker the
