@@ -186,7 +186,7 @@ class Communicator(ProcessRank):
         self.rank_platform = plats or ["hip" if backend == "hip" else "cuda"] * ir.nranks
         pf = self._pf = self._platform(backend, device, cache_dir)
         # this rank's kernel
-        self._prog = prog = GeneratedProgram(ir, self.rank_platform, cache_dir, codegen)
+        self._prog = prog = self._generated(ir, cache_dir, codegen)
         # the FIFOs are exported before any call size is known: sized by the per-connection budget
         # (HCCC_FIFO_BYTES), at most the compiled slot; larger calls pipeline through them
         try:
@@ -207,6 +207,11 @@ class Communicator(ProcessRank):
         self._kernel(dtype, op)
         check_fifo_memory(ir.name, self._plans, [self.rank])
         self._allocate()
+
+    def _generated(self, ir: ProgramIR, cache_dir, codegen: str) -> GeneratedProgram:
+        """The generated sources of ``ir`` for the ranks' manifest platforms, read once
+        (:class:`~hccc.runtime.generated.GeneratedProgram`): this process's own."""
+        return GeneratedProgram(ir, self.rank_platform, cache_dir, codegen)
 
     def _exchange(self, algo, cache_dir) -> None:
         """Step 4 of the module docstring: exchange the handles, map the peers' memory, write

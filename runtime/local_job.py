@@ -37,6 +37,7 @@ from hccc.runtime.bootstrap import local_bootstraps
 from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
 from hccc.runtime.direct_peers import peers_blob, peers_usable
+from hccc.runtime.generated import GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.kernel_abi import Args
@@ -51,7 +52,17 @@ class ThreadRank(Communicator):
     CPU emulation, where every rank of the process runs on the one host, its memory is ordered
     at device scope, as the single-process runner's (system scope made hm_allreduce_4x8's 1 MiB
     launch ten times slower there). Its waits for its kernels synchronize through one thread kept
-    for the job's life (:class:`~hccc.runtime.rank_memory.BackgroundSync`), not one per call."""
+    for the job's life (:class:`~hccc.runtime.rank_memory.BackgroundSync`), not one per call. The
+    ranks read the generated sources once (``programs``: the job's :class:`SharedPrograms`)."""
+
+    def __init__(self, *args, programs: "SharedPrograms | None" = None, **kwargs):
+        self._programs = programs
+        super().__init__(*args, **kwargs)
+
+    def _generated(self, ir, cache_dir, codegen: str):
+        if self._programs is None:
+            return super()._generated(ir, cache_dir, codegen)
+        return self._programs.get(ir, self.rank_platform, cache_dir, codegen)
 
     def _allocate(self) -> None:
         super()._allocate()
@@ -82,10 +93,11 @@ class LocalJob:
         self._threads = RankThreads(self.nranks)
         weakref.finalize(self, self._threads.close)
         boots = local_bootstraps(self.nranks, timeout_s=timeout_s)
+        programs = SharedPrograms()
         #: the ranks' communicators, in rank order
         self.comms: list[ThreadRank] = []
         made = _together(self.nranks, lambda r: ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s,
-                                                           **communicator_options))
+                                                           programs=programs, **communicator_options))
         self.comms = [c for c, _ in made if c is not None]
         errors = [e for _, e in made]
         if any(e is not None for e in errors):
@@ -225,6 +237,25 @@ class LocalJob:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class SharedPrograms:
+    """The generated sources a job's ranks read (:class:`~hccc.runtime.generated.GeneratedProgram`,
+    read-only once made), made once per program, manifest platforms, cache and code generation
+    by the first rank to ask, for every rank (each made its own: the program's text hashed and
+    its manifest read once per rank)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._made: dict = {}
+
+    def get(self, ir, rank_platform: list[str], cache_dir, codegen: str) -> GeneratedProgram:
+        key = (id(ir), tuple(rank_platform), None if cache_dir is None else str(cache_dir), codegen)
+        with self._lock:
+            got = self._made.get(key)
+            if got is None or got[0] is not ir:
+                got = self._made[key] = (ir, GeneratedProgram(ir, rank_platform, cache_dir, codegen))
+            return got[1]
 
 
 class RankThreads:
@@ -444,4 +475,4 @@ def _job_error(errors: list, doing: str) -> CommunicatorError:
     return CommunicatorError(f"the job failed {doing}: " + "; ".join(lines))
 
 
-__all__ = ["LocalJob", "ThreadRank", "GroupLaunch", "GridEntry", "RankThreads"]
+__all__ = ["LocalJob", "ThreadRank", "GroupLaunch", "GridEntry", "RankThreads", "SharedPrograms"]

@@ -547,8 +547,8 @@ def test_ctrl_c_during_a_call_stops_every_rank_at_once_and_the_job_runs_again():
 
 @needs_gxx
 def test_the_ranks_of_a_job_in_threads_load_one_library_with_the_one_grid_entry():
-    """One library of every rank (device scope on the CPU emulation), built once and loaded by
-    each rank, which the one-grid launch takes its entry from too; a job of separate processes
+    """One library of every rank (device scope on the CPU emulation), from the generated sources
+    the ranks read once, built once and loaded by each rank, which the one-grid launch takes its entry from too; a job of separate processes
     builds each rank's own (:meth:`ProcessRank._library`)."""
     from hccc.runtime.communicator import Communicator
     from hccc.runtime.local_job import GridEntry, LocalJob
@@ -556,6 +556,7 @@ def test_the_ranks_of_a_job_in_threads_load_one_library_with_the_one_grid_entry(
     with LocalJob(ir, timeout_s=30) as job:
         paths = {c._kernels[("float32", "sum")].module.path for c in job.comms}
         assert len(paths) == 1
+        assert len({id(c._prog) for c in job.comms}) == 1     # the generated sources read once
         assert GridEntry(job.comms, "float32", "sum").fn.module.path in paths
         assert [c._library() for c in job.comms] == [([0, 1, 2], {"single_gpu": True})] * 3
         assert Communicator._library(job.comms[1]) == ([1], {})
