@@ -241,9 +241,9 @@ class LocalJob:
 
 class SharedPrograms:
     """The generated sources a job's ranks read (:class:`~hccc.runtime.generated.GeneratedProgram`,
-    read-only once made), made once per program, manifest platforms, cache and code generation
-    by the first rank to ask, for every rank (each made its own: the program's text hashed and
-    its manifest read once per rank)."""
+    read-only once made): made by the first rank to ask for a program, manifest platforms, cache
+    and code generation, and given to every rank, instead of each rank hashing the program's
+    text and reading the manifest itself."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -259,9 +259,9 @@ class SharedPrograms:
 
 
 class RankThreads:
-    """One thread per rank of a job, started on first use and kept for every call (starting a
-    thread per rank per call cost the CPU emulation's 32-rank calls more than their kernels):
-    :meth:`start` hands rank ``r``'s thread one task. :meth:`close` ends them."""
+    """One thread per rank of a job, started on first use and kept for every call, instead of a
+    thread started per rank and call: :meth:`start` hands rank ``r``'s thread one task.
+    :meth:`close` ends them."""
 
     def __init__(self, n: int):
         self.n = int(n)
