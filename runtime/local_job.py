@@ -64,6 +64,13 @@ class ThreadRank(Communicator):
             return super()._generated(ir, cache_dir, codegen)
         return self._programs.get(ir, self.rank_platform, cache_dir, codegen)
 
+    def _build(self, inst, ranks, scope):
+        ident = self._pf.build_identity()
+        if self._programs is None or ident is None:
+            return super()._build(inst, ranks, scope)
+        key = (ident, id(self._prog), inst, tuple(ranks), tuple(sorted(scope.items())))
+        return self._programs.module(key, self._prog, lambda: super(ThreadRank, self)._build(inst, ranks, scope))
+
     def _allocate(self) -> None:
         super()._allocate()
         self._sync = BackgroundSync(f"hccc-rank-{self.rank}-wait")
@@ -243,11 +250,23 @@ class SharedPrograms:
     """The generated sources a job's ranks read (:class:`~hccc.runtime.generated.GeneratedProgram`,
     read-only once made): made by the first rank to ask for a program, manifest platforms, cache
     and code generation, and given to every rank, instead of each rank hashing the program's
-    text and reading the manifest itself."""
+    text and reading the manifest itself; and the modules built from them
+    (:meth:`Platform.build`'s paths) for platforms of equal :meth:`~Platform.build_identity`,
+    built (or found in the build cache) by the first rank only."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._made: dict = {}
+        self._modules: dict = {}
+
+    def module(self, key: tuple, prog: GeneratedProgram, build):
+        """The path ``build()`` returns for ``key`` (a build of ``prog``'s sources), built once
+        (a build that raises is not kept: the next rank to ask builds again)."""
+        with self._lock:
+            got = self._modules.get(key)
+            if got is None or got[0] is not prog:
+                got = self._modules[key] = (prog, build())
+            return got[1]
 
     def get(self, ir, rank_platform: list[str], cache_dir, codegen: str) -> GeneratedProgram:
         key = (id(ir), tuple(rank_platform), None if cache_dir is None else str(cache_dir), codegen)

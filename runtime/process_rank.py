@@ -118,7 +118,7 @@ class ProcessRank:
         if key not in self._kernels:
             pf, prog = self._pf, self._prog
             ranks, scope = self._library()
-            lib = pf.build(prog.gendir, prog.manifest, Instance(dtype, op), ranks=ranks, **scope)
+            lib = self._build(Instance(dtype, op), ranks, scope)
             fn = pf.load(lib).function(prog.kernel_symbol(self.rank, dtype, op))
             if self._auto_threads and self.grid > 0:   # fewer threads per block until the grid fits
                 flavour = self.rank_platform[self.rank]
@@ -136,6 +136,10 @@ class ProcessRank:
                 raise CommunicatorError(f"rank {self.rank}: {exc}") from None
             self._kernels[key] = fn
         return self._kernels[key]
+
+    def _build(self, inst: Instance, ranks: list[int], scope: dict):
+        """The module of ``ranks``' kernels for ``inst`` (:meth:`Platform.build`)."""
+        return self._pf.build(self._prog.gendir, self._prog.manifest, inst, ranks=ranks, **scope)
 
     def _library(self) -> tuple[list[int], dict]:
         """The ranks whose kernels this rank's library holds and its memory scope

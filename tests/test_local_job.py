@@ -546,6 +546,36 @@ def test_ctrl_c_during_a_call_stops_every_rank_at_once_and_the_job_runs_again():
 
 
 @needs_gxx
+def test_a_jobs_ranks_build_their_library_once_where_their_platforms_build_alike(monkeypatch):
+    """Ranks whose platforms promise the same builds (equal :meth:`Platform.build_identity`: the
+    CPU emulation's toolchain, cache and source platform) build, or find in the cache, their one
+    library once for the job; every rank loads it. Platforms that differ in a build input differ
+    in identity; a platform that promises nothing has none."""
+    from hccc.runtime.cpu import CpuPlatform
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import Platform
+    assert CpuPlatform(opt="-O1").build_identity() == CpuPlatform(opt="-O1").build_identity()
+    assert CpuPlatform(opt="-O1").build_identity() != CpuPlatform(opt="-O0").build_identity()
+    assert (CpuPlatform(source_platform="hip").build_identity()
+            != CpuPlatform(source_platform="cuda").build_identity())
+    assert Platform.build_identity(CpuPlatform()) is None
+    builds = []
+    real = CpuPlatform.build
+
+    def counted(self, *args, **kwargs):
+        builds.append(self)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(CpuPlatform, "build", counted)
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        assert len(builds) == 1
+        assert len({c._kernels[("float32", "sum")].module.path for c in job.comms}) == 1
+        assert len({id(c._pf) for c in job.comms}) == 3
+        got = job.collective([np.full(6, r + 1, np.float32) for r in range(3)], 6, together=True)
+        assert all(np.array_equal(g, np.full(6, 6, np.float32)) for g in got)
+
+
+@needs_gxx
 def test_the_ranks_of_a_job_in_threads_load_one_library_with_the_one_grid_entry():
     """One library of every rank (device scope on the CPU emulation), from the generated sources
     the ranks read once, built once and loaded by each rank, which the one-grid launch takes its entry from too; a job of separate processes
