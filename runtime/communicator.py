@@ -195,7 +195,8 @@ class Communicator(ProcessRank):
             raise CommunicatorError(f"rank {self.rank}: {exc}") from None
         self.compiled_chunk_bytes = prog.chunk_bytes
         self.chunk_bytes = budget_slot_capacity(ir, prog.chunk_bytes, self.fifo_bytes, NSLOTS)
-        self._plans = [p.with_capacity(self.chunk_bytes, ir.max_step_chunks) for p in prog.plans]
+        step_chunks = ir.max_step_chunks      # (computed from the primitives: once, not per plan)
+        self._plans = [p.with_capacity(self.chunk_bytes, step_chunks) for p in prog.plans]
         self.slot_bytes = self._plans[self.rank].slot_bytes
         self._agree(prog.manifest, self.rank_platform, codegen, dtype, op)
         self.grid = prog.blocks(self.rank)

@@ -104,7 +104,8 @@ class LocalJob:
         #: the ranks' communicators, in rank order
         self.comms: list[ThreadRank] = []
         made = _together(self.nranks, lambda r: ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s,
-                                                           programs=programs, **communicator_options))
+                                                           programs=programs, **communicator_options),
+                         threads=self._threads)
         self.comms = [c for c, _ in made if c is not None]
         errors = [e for _, e in made]
         if any(e is not None for e in errors):
@@ -236,7 +237,7 @@ class LocalJob:
         if running is not None:
             for c in comms:
                 c._broken = running
-        _together(len(comms), lambda r: comms[r].close())
+        _together(len(comms), lambda r: comms[r].close(), threads=self._threads)
         self._threads.close()
 
     def __enter__(self):
@@ -286,9 +287,15 @@ class RankThreads:
         self.n = int(n)
         self._queues: list[queue.SimpleQueue] = []
         self._threads: list[threading.Thread] = []
+        self._closed = False
 
     def start(self, r: int, task) -> threading.Thread:
-        """Run ``task()`` in rank ``r``'s thread (started now if it is not running); the thread."""
+        """Run ``task()`` in rank ``r``'s thread (started now if it is not running; once closed, in
+        a thread of the task's own); the thread."""
+        if self._closed:
+            t = threading.Thread(target=task, name=f"hccc-rank-{r}", daemon=True)
+            t.start()
+            return t
         while len(self._threads) <= r:
             q: queue.SimpleQueue = queue.SimpleQueue()
             t = threading.Thread(target=_serve, args=(q,), name=f"hccc-rank-{len(self._threads)}", daemon=True)
@@ -300,6 +307,7 @@ class RankThreads:
 
     def close(self) -> None:
         """End every thread once its task is done."""
+        self._closed = True
         for q in self._queues:
             q.put(None)
         self._queues, self._threads = [], []

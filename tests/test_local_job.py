@@ -342,8 +342,8 @@ def test_only_the_rank_that_completes_a_barrier_wakes_the_others(n, rounds):
 
 @needs_gxx
 def test_every_call_of_a_rank_runs_in_that_ranks_one_thread():
-    """A job's steps run in one thread per rank, the same for every call (no thread started per
-    call), and each rank's waits for its kernels synchronize in one kept thread of its own;
+    """A job's steps run in one thread per rank, the same for every call from the set-up on (no
+    thread started per call), and each rank's waits for its kernels synchronize in one kept thread of its own;
     closing the job ends them all."""
     from hccc.runtime.local_job import LocalJob
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
@@ -353,12 +353,14 @@ def test_every_call_of_a_rank_runs_in_that_ranks_one_thread():
         return sorted((t for t in threading.enumerate() if re.fullmatch(r"hccc-rank-\d+-wait", t.name)),
                       key=lambda t: t.name)
     with LocalJob(ir, timeout_s=30) as job:
+        set_up = {t for t in threading.enumerate() if re.fullmatch(r"hccc-rank-\d+", t.name)}
         for together in (False, True, True):
             seen.append(job.each(lambda r, comm: threading.current_thread()))
             job.collective([np.ones(6, np.float32)] * 3, 6, together=together)
             waiters.append(wait_threads())
         threads = seen[0]
         assert seen == [threads] * 3
+        assert set(threads) <= set_up            # the threads that set the ranks up
         assert len(set(map(id, threads))) == 3
         assert all(t.is_alive() for t in threads)
         assert [t.name for t in waiters[0]] == [f"hccc-rank-{r}-wait" for r in range(3)]
