@@ -186,7 +186,7 @@ class Communicator(ProcessRank):
         self.rank_platform = plats or ["hip" if backend == "hip" else "cuda"] * ir.nranks
         pf = self._pf = self._platform(backend, device, cache_dir)
         # this rank's kernel
-        self._prog = prog = GeneratedProgram(ir, self.rank_platform, cache_dir, codegen)
+        self._prog = prog = self._generated(ir, cache_dir, codegen)
         # the FIFOs are exported before any call size is known: sized by the per-connection budget
         # (HCCC_FIFO_BYTES), at most the compiled slot; larger calls pipeline through them
         try:
@@ -195,7 +195,8 @@ class Communicator(ProcessRank):
             raise CommunicatorError(f"rank {self.rank}: {exc}") from None
         self.compiled_chunk_bytes = prog.chunk_bytes
         self.chunk_bytes = budget_slot_capacity(ir, prog.chunk_bytes, self.fifo_bytes, NSLOTS)
-        self._plans = [p.with_capacity(self.chunk_bytes, ir.max_step_chunks) for p in prog.plans]
+        step_chunks = ir.max_step_chunks      # (computed from the primitives: once, not per plan)
+        self._plans = [p.with_capacity(self.chunk_bytes, step_chunks) for p in prog.plans]
         self.slot_bytes = self._plans[self.rank].slot_bytes
         self._agree(prog.manifest, self.rank_platform, codegen, dtype, op)
         self.grid = prog.blocks(self.rank)
@@ -207,6 +208,11 @@ class Communicator(ProcessRank):
         self._kernel(dtype, op)
         check_fifo_memory(ir.name, self._plans, [self.rank])
         self._allocate()
+
+    def _generated(self, ir: ProgramIR, cache_dir, codegen: str) -> GeneratedProgram:
+        """The generated sources of ``ir`` for the ranks' manifest platforms, read once
+        (:class:`~hccc.runtime.generated.GeneratedProgram`): this process's own."""
+        return GeneratedProgram(ir, self.rank_platform, cache_dir, codegen)
 
     def _exchange(self, algo, cache_dir) -> None:
         """Step 4 of the module docstring: exchange the handles, map the peers' memory, write

@@ -362,6 +362,13 @@ class CpuPlatform(Platform):
         return self.toolchain.build(outdir, manifest, instance, ranks, single_gpu=single_gpu,
                                     cache_dir=self.cache_dir)
 
+    def build_identity(self) -> tuple:
+        """The toolchain (compiler, its flags), the cache and what the sources are emulated as:
+        all a build depends on beyond its arguments."""
+        tc = self.toolchain
+        return ("cpu", tc.cxx, tc.opt, tc.sanitize, self.source_platform,
+                None if self.cache_dir is None else str(self.cache_dir))
+
     def load(self, path: Path) -> CpuModule:
         module = CpuModule(Path(path))
         module.lib.hccc_cpu_configure(int(self.workers))

@@ -70,6 +70,18 @@ def links_with(exe: str, flag: str) -> bool:
     return res.returncode == 0
 
 
+@functools.lru_cache(maxsize=None)
+def compiler_version(exe: str, mtime_ns: int, size: int) -> str:
+    """The version line of the compiler driver ``exe`` (as its file is now: ``mtime_ns``,
+    ``size``): asked once per process and compiler, not once per platform object (a single-process
+    job makes one per rank, and the suite one per runner)."""
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise PlatformError(f"cannot run {exe}: {exc}") from None
+    return out.stdout.splitlines()[0] if out.stdout else ""
+
+
 #: the engine over a specialised rank program (``hccc_program``, and an AllToAll program's
 #: ``hccc_vprogram``), instantiated for the build's instance (dtype and op: ``HCCC_FOR_EACH_INSTANCE``
 #: names one) in an object of its own (``CpuToolchain._engine_object``)
@@ -174,11 +186,12 @@ class CpuToolchain:
                 raise PlatformError(f"the CPU backend needs a C++ compiler: '{self.cxx}' not found "
                                     "(install g++, or set HCCC_CXX)")
             try:
-                out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
-            except (OSError, subprocess.SubprocessError) as exc:
+                st = os.stat(exe)
+            except OSError as exc:
                 raise PlatformError(f"cannot run {exe}: {exc}") from None
+            version = compiler_version(exe, st.st_mtime_ns, st.st_size)
             self._cxx_exe = exe
-            self._cxx_id = exe + " " + (out.stdout.splitlines()[0] if out.stdout else "")
+            self._cxx_id = exe + " " + version
         return self._cxx_id
 
     def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None,

@@ -17,6 +17,7 @@ reason and an AllToAllv counts row. :class:`HostSegments` holds this rank's and 
 from __future__ import annotations
 
 import os
+import struct
 import time
 
 import numpy as np
@@ -72,6 +73,15 @@ def words(seg) -> np.ndarray:
     return np.frombuffer(seg._map, dtype=np.uint64, count=_WORDS)
 
 
+_WORD = struct.Struct("<Q")
+
+
+def word(seg, index: int) -> int:
+    """One 64-bit word of a host segment, read without a view of it (the polls of barriers and
+    waits read one word of every peer many times a call)."""
+    return _WORD.unpack_from(seg._map, 8 * index)[0]
+
+
 def reason(seg) -> str:
     """The failure reason a rank wrote into its host segment."""
     raw = bytes(seg._map[_REASON_AT:_REASON_AT + _REASON_MAX])
@@ -119,15 +129,14 @@ class HostSegments:
         if watch is not None and (why := watch()):
             return why
         for r, seg in self.peers.items():
-            w = words(seg)
-            if call is not None and int(w[_H_DONE]) >= call:
+            if call is not None and word(seg, _H_DONE) >= call:
                 continue
-            state = int(w[_H_STATE])
+            state = word(seg, _H_STATE)
             if state == FAILED:
                 failed = failed or f"rank {r} failed ({reason(seg)})"
             elif state == CLOSED:
                 return f"rank {r} closed its communicator"
-            elif self.net is not None and (lost := self.net.peer_problem(r, w)):
+            elif self.net is not None and (lost := self.net.peer_problem(r, words(seg))):
                 return lost         # across nodes: connection lost, heartbeat stopped
             elif ((self.net is None or r not in self.net.remote) and self.pids[r] != self._pid
                   and not shm.process_alive(self.pids[r])):     # (a rank of this process runs)
@@ -165,14 +174,18 @@ class HostSegments:
         target = self._seq
         self.mine[_H_SEQ] = target
         if self.wake is not None:
+            # only the rank that completes the barrier wakes the others (every waiter checks under
+            # this lock before it sleeps, and the last to arrive sees every peer's counter here):
+            # one wake-up per waiter, not one per waiter and arrival
             with self.wake:
-                self.wake.notify_all()
+                if self._arrived(self.peers, target):
+                    self.wake.notify_all()
         start = time.monotonic()
         deadline = start + self.timeout_s
         waiting = list(self.peers)
         last_check = start
         while waiting:
-            waiting = [r for r in waiting if int(words(self.peers[r])[_H_SEQ]) < target]
+            waiting = [r for r in waiting if word(self.peers[r], _H_SEQ) < target]
             if not waiting:
                 break
             now = time.monotonic()
@@ -189,9 +202,13 @@ class HostSegments:
                 time.sleep(0 if now - start < 1e-3 else _POLL_S)
                 continue
             with self.wake:     # checked under the lock the peers notify with: no arrival is missed
-                if any(int(words(self.peers[r])[_H_SEQ]) < target for r in waiting):
+                if not self._arrived(waiting, target):
                     self.wake.wait(_WATCH_S)
         return None
+
+    def _arrived(self, ranks, target: int) -> bool:
+        """Whether every rank of ``ranks`` (peers) has reached barrier ``target``."""
+        return all(word(self.peers[r], _H_SEQ) >= target for r in ranks)
 
     def post_call(self, call: int, collective: int, count: int, type_word: int, tag: int = 0,
                   digest: int = 0) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from hccc.runtime.kernel_watch import ABORT_GRACE_S, watched_wait
-from hccc.runtime.rank_launches import describe_stuck
+from hccc.runtime.kernel_errors import describe_stuck
 
 #: how often the wait for this rank's kernel looks at its peers
 WATCH_S = 0.02
@@ -18,17 +18,19 @@ REASON_WAIT_S = 1.0
 
 
 def wait_for_kernel(pf, flags, hosts, net, ir, *, call: int, watch, timeout_s: float,
-                    kernel_timeout_s: float, abort_peers, method: str):
+                    kernel_timeout_s: float, abort_peers, method: str, sync=None):
     """Wait for the kernel of call number ``call`` on ``pf`` (``flags``: its
     :class:`~hccc.runtime.rank_memory.LaunchFlags`; ``hosts``: the
     :class:`~hccc.runtime.host_segment.HostSegments`; ``net``: the network proxy or None;
     ``watch``: the caller's extra reason to give up, or None; ``abort_peers()`` raises the peers'
-    mapped abort flags). Returns None when the call finished, else (why it failed, whether the
+    mapped abort flags; ``sync``: the :class:`~hccc.runtime.rank_memory.BackgroundSync` to wait
+    through, or None for a thread of this wait's own). Returns None when the call finished, else (why it failed, whether the
     kernel still runs because it ignores the abort flag)."""
     limit = timeout_s + 2 * kernel_timeout_s
     grace = max(ABORT_GRACE_S, kernel_timeout_s)
     w = watched_wait([pf], flags, limit, grace, name="hccc-comm-wait",
-                     problem=lambda: hosts.peer_problem(call, watch), on_problem=abort_peers, poll_s=WATCH_S)
+                     problem=lambda: hosts.peer_problem(call, watch), on_problem=abort_peers, poll_s=WATCH_S,
+                     sync=sync)
     cause = w.cause
     if w.late and cause is None:
         cause = f"kernel still running after {limit:g} s"

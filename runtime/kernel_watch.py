@@ -34,16 +34,18 @@ class Watched:
 
 
 def watched_wait(platforms, flags, limit: float, grace: float, *, name: str, problem=None,
-                 on_problem=None, poll_s: float | None = None) -> Watched:
+                 on_problem=None, poll_s: float | None = None, sync=None) -> Watched:
     """Wait for every launch on ``platforms`` (``flags``: their
     :class:`~hccc.runtime.rank_memory.LaunchFlags`). ``problem()``, asked every ``poll_s`` until
     the limit passes, is a reason to abort now or None; the first reason raises the abort flag and
     calls ``on_problem()``. When ``limit`` seconds pass first, the abort flag is raised; kernels
     still running ``grace`` seconds after the limit are given up on (``finished`` False). Without
-    ``problem`` the wait sleeps until the limit, polling nothing."""
+    ``problem`` the wait sleeps until the limit, polling nothing. ``sync``: the
+    :class:`~hccc.runtime.rank_memory.BackgroundSync` whose kept thread synchronizes, else a
+    thread is started for this wait."""
     if problem is not None and not (poll_s and poll_s > 0):
         raise ValueError("a watched wait that asks for problems needs a positive poll_s")
-    done, failure, waiter = synchronize_in_background(platforms, name)
+    done, failure, waiter = (sync.start if sync is not None else synchronize_in_background)(platforms, name)
     deadline = time.monotonic() + float(limit)
     cause, late = None, False
     while True:

@@ -61,7 +61,7 @@ from hccc.runtime.rank_group import RankGroup
 from hccc.util import dtypes as dtypes_table
 from hccc.runtime.generated import CODEGENS, generated_sources
 from hccc.runtime.memory_limits import check_run_memory, out_of_memory_at
-from hccc.runtime.rank_launches import describe_stuck
+from hccc.runtime.kernel_errors import describe_stuck
 from hccc.runtime.rank_memory import LaunchCall, RankMemory, RankPlan
 
 #: element types and reduction operators (the one table of them: hccc.util.dtypes)

@@ -24,7 +24,9 @@ for its kernel watching its peers (:meth:`~hccc.runtime.process_rank.ProcessRank
 from __future__ import annotations
 
 import ctypes
+import queue
 import threading
+import weakref
 
 import numpy as np
 
@@ -35,12 +37,13 @@ from hccc.runtime.bootstrap import local_bootstraps
 from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
 from hccc.runtime.direct_peers import peers_blob, peers_usable
+from hccc.runtime.generated import GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.kernel_abi import Args
 from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, program_layout
 from hccc.runtime.platform import Instance
-from hccc.runtime.rank_memory import grid_argument
+from hccc.runtime.rank_memory import BackgroundSync, grid_argument
 
 
 class ThreadRank(Communicator):
@@ -48,7 +51,29 @@ class ThreadRank(Communicator):
     built once (the build cache's turn) and loaded by each rank, with the one-grid entry; on the
     CPU emulation, where every rank of the process runs on the one host, its memory is ordered
     at device scope, as the single-process runner's (system scope made hm_allreduce_4x8's 1 MiB
-    launch ten times slower there)."""
+    launch ten times slower there). Its waits for its kernels synchronize through one thread kept
+    for the job's life (:class:`~hccc.runtime.rank_memory.BackgroundSync`), not one per call. The
+    ranks read the generated sources once (``programs``: the job's :class:`SharedPrograms`)."""
+
+    def __init__(self, *args, programs: "SharedPrograms | None" = None, **kwargs):
+        self._programs = programs
+        super().__init__(*args, **kwargs)
+
+    def _generated(self, ir, cache_dir, codegen: str):
+        if self._programs is None:
+            return super()._generated(ir, cache_dir, codegen)
+        return self._programs.get(ir, self.rank_platform, cache_dir, codegen)
+
+    def _build(self, inst, ranks, scope):
+        ident = self._pf.build_identity()
+        if self._programs is None or ident is None:
+            return super()._build(inst, ranks, scope)
+        key = (ident, id(self._prog), inst, tuple(ranks), tuple(sorted(scope.items())))
+        return self._programs.module(key, self._prog, lambda: super(ThreadRank, self)._build(inst, ranks, scope))
+
+    def _allocate(self) -> None:
+        super()._allocate()
+        self._sync = BackgroundSync(f"hccc-rank-{self.rank}-wait")
 
     def _library(self) -> tuple[list[int], dict]:
         mine = self.rank_platform[self.rank]
@@ -70,11 +95,17 @@ class LocalJob:
         self.last_time_us: float | None = None
         #: (dtype, op) -> the one-grid entry (:class:`GridEntry`), built on first use
         self._grids: dict = {}
+        #: one thread per rank that runs every call's step of that rank (:class:`RankThreads`),
+        #: ended on close or when the job is collected unclosed
+        self._threads = RankThreads(self.nranks)
+        weakref.finalize(self, self._threads.close)
         boots = local_bootstraps(self.nranks, timeout_s=timeout_s)
+        programs = SharedPrograms()
         #: the ranks' communicators, in rank order
         self.comms: list[ThreadRank] = []
         made = _together(self.nranks, lambda r: ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s,
-                                                           **communicator_options))
+                                                           programs=programs, **communicator_options),
+                         threads=self._threads)
         self.comms = [c for c, _ in made if c is not None]
         errors = [e for _, e in made]
         if any(e is not None for e in errors):
@@ -85,7 +116,7 @@ class LocalJob:
         """``step(rank, communicator)`` on every rank at once, one thread each; the results in rank
         order, or :class:`CommunicatorError` naming every rank that raised (a failed call leaves
         every communicator unusable, as in separate processes)."""
-        got = _together(self.nranks, lambda r: step(r, self.comms[r]), self._interrupt)
+        got = _together(self.nranks, lambda r: step(r, self.comms[r]), self._interrupt, self._threads)
         errors = [e for _, e in got]
         if any(e is not None for e in errors):
             raise _job_error(errors, "in a call")
@@ -206,7 +237,8 @@ class LocalJob:
         if running is not None:
             for c in comms:
                 c._broken = running
-        _together(len(comms), lambda r: comms[r].close())
+        _together(len(comms), lambda r: comms[r].close(), threads=self._threads)
+        self._threads.close()
 
     def __enter__(self):
         return self
@@ -215,14 +247,90 @@ class LocalJob:
         self.close()
 
 
-def _together(n: int, fn, interrupted=None) -> list[tuple[object, BaseException | None]]:
-    """``fn(r)`` for every ``r`` below ``n``, each in its own thread, all at once: (result, None)
-    or (None, the exception) per rank. Every call is bounded by the communicators' own timeouts,
-    so the threads are waited for without one. Ctrl-C meanwhile (or a thread the system refuses):
-    ``interrupted()`` tells the ranks to give up, the threads started end (further presses held
-    back), then the KeyboardInterrupt (or the refusal) goes on."""
+class SharedPrograms:
+    """The generated sources a job's ranks read (:class:`~hccc.runtime.generated.GeneratedProgram`,
+    read-only once made): made by the first rank to ask for a program, manifest platforms, cache
+    and code generation, and given to every rank, instead of each rank hashing the program's
+    text and reading the manifest itself; and the modules built from them
+    (:meth:`Platform.build`'s paths) for platforms of equal :meth:`~Platform.build_identity`,
+    built (or found in the build cache) by the first rank only."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._made: dict = {}
+        self._modules: dict = {}
+
+    def module(self, key: tuple, prog: GeneratedProgram, build):
+        """The path ``build()`` returns for ``key`` (a build of ``prog``'s sources), built once
+        (a build that raises is not kept: the next rank to ask builds again)."""
+        with self._lock:
+            got = self._modules.get(key)
+            if got is None or got[0] is not prog:
+                got = self._modules[key] = (prog, build())
+            return got[1]
+
+    def get(self, ir, rank_platform: list[str], cache_dir, codegen: str) -> GeneratedProgram:
+        key = (id(ir), tuple(rank_platform), None if cache_dir is None else str(cache_dir), codegen)
+        with self._lock:
+            got = self._made.get(key)
+            if got is None or got[0] is not ir:
+                got = self._made[key] = (ir, GeneratedProgram(ir, rank_platform, cache_dir, codegen))
+            return got[1]
+
+
+class RankThreads:
+    """One thread per rank of a job, started on first use and kept for every call, instead of a
+    thread started per rank and call: :meth:`start` hands rank ``r``'s thread one task.
+    :meth:`close` ends them."""
+
+    def __init__(self, n: int):
+        self.n = int(n)
+        self._queues: list[queue.SimpleQueue] = []
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def start(self, r: int, task) -> threading.Thread:
+        """Run ``task()`` in rank ``r``'s thread (started now if it is not running; once closed, in
+        a thread of the task's own); the thread."""
+        if self._closed:
+            t = threading.Thread(target=task, name=f"hccc-rank-{r}", daemon=True)
+            t.start()
+            return t
+        while len(self._threads) <= r:
+            q: queue.SimpleQueue = queue.SimpleQueue()
+            t = threading.Thread(target=_serve, args=(q,), name=f"hccc-rank-{len(self._threads)}", daemon=True)
+            t.start()                      # (RuntimeError where the system has no thread to spare)
+            self._queues.append(q)
+            self._threads.append(t)
+        self._queues[r].put(task)
+        return self._threads[r]
+
+    def close(self) -> None:
+        """End every thread once its task is done."""
+        self._closed = True
+        for q in self._queues:
+            q.put(None)
+        self._queues, self._threads = [], []
+
+
+def _serve(tasks: queue.SimpleQueue) -> None:
+    """A :class:`RankThreads` thread: its tasks, one after another, until None (holding none
+    between them: a task may hold its job, which must stay collectable)."""
+    while (task := tasks.get()) is not None:
+        task()
+        del task
+
+
+def _together(n: int, fn, interrupted=None, threads: RankThreads | None = None
+              ) -> list[tuple[object, BaseException | None]]:
+    """``fn(r)`` for every ``r`` below ``n``, each in its own thread (rank ``r``'s of ``threads``,
+    else one started for it), all at once: (result, None) or (None, the exception) per rank. Every
+    call is bounded by the communicators' own timeouts, so the threads are waited for without one.
+    Ctrl-C meanwhile (or a thread the system refuses): ``interrupted()`` tells the ranks to give
+    up, the steps started end (further presses held back), then the KeyboardInterrupt (or the
+    refusal) goes on."""
     got: list = [(None, None)] * n
-    # each thread's end, waited for on an Event: a Thread.join that Ctrl-C interrupts may take the
+    # each step's end, waited for on an Event: a Thread.join that Ctrl-C interrupts may take the
     # thread for ended while it runs (CPython 3.11's join releases the lock the thread holds)
     ended = [threading.Event() for _ in range(n)]
 
@@ -233,19 +341,23 @@ def _together(n: int, fn, interrupted=None) -> list[tuple[object, BaseException 
             got[r] = (None, exc)
         finally:
             ended[r].set()
-    threads = [threading.Thread(target=run, args=(r,), name=f"hccc-rank-{r}", daemon=True) for r in range(n)]
+    started = []
     try:
-        for t in threads:
-            t.start()
-        for e in ended[:len(threads)]:
+        for r in range(n):
+            if threads is not None:
+                threads.start(r, lambda r=r: run(r))
+            else:
+                t = threading.Thread(target=run, args=(r,), name=f"hccc-rank-{r}", daemon=True)
+                t.start()
+            started.append(r)
+        for e in ended:
             e.wait()
     except BaseException:    # Ctrl-C, or no thread to spare: the ranks started give up and end
         with deferred_interrupts():
             if interrupted is not None:
                 interrupted()
-            for t, e in zip(threads, ended):
-                if t.ident is not None:       # (started)
-                    e.wait()
+            for r in started:
+                ended[r].wait()
         raise
     return got
 
@@ -272,10 +384,11 @@ class GroupLaunch:
         if copy_back is not None:
             raise CommunicatorError(f"rank {rank}: {method}: launched together, a call runs on the "
                                     "caller's arrays only (no temporaries)")
-        self._pending[rank] = comm._begin(method, count, dtype, op, in_p, out_p)
+        # the gate below is the second barrier: no kernel is launched before every rank has reset
+        self._pending[rank] = comm._begin(method, count, dtype, op, in_p, out_p, meet_after_reset=False)
         try:
             self.gate.wait()
-        except BaseException:
+        except BaseException as exc:
             # the launch failed or a peer gave up before it: kernels already launched stop
             comm.flags.raise_abort()
             comm._owned.abort_peers()
@@ -283,6 +396,10 @@ class GroupLaunch:
                 comm._wait(method, self._launcher(rank))
             except CommunicatorError:
                 pass
+            why = comm._hosts.peer_problem(watch=comm._watching)
+            if isinstance(exc, threading.BrokenBarrierError) and why:
+                # a peer failed before the launch: said as the host barrier the gate stands for says it
+                raise comm._fail(f"{why} ({self._pending[rank][3]} (counters reset))", abort_peers=False) from None
             raise
         comm._wait(method, self._launcher(rank))
 
@@ -385,4 +502,4 @@ def _job_error(errors: list, doing: str) -> CommunicatorError:
     return CommunicatorError(f"the job failed {doing}: " + "; ".join(lines))
 
 
-__all__ = ["LocalJob", "ThreadRank", "GroupLaunch", "GridEntry"]
+__all__ = ["LocalJob", "ThreadRank", "GroupLaunch", "GridEntry", "RankThreads", "SharedPrograms"]

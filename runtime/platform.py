@@ -139,6 +139,12 @@ class Platform(abc.ABC):
         ``single_gpu``: every rank of the run is on one device, so the kernels may order memory at
         GPU scope instead of system scope (``-DHCCC_SINGLE_GPU=1``)."""
 
+    def build_identity(self) -> tuple | None:
+        """What :meth:`build`'s result depends on beyond its arguments, where two platform objects
+        with equal identities build the same module from the same arguments (so that ranks of one
+        process may build once), or None: nothing promised (each object builds its own)."""
+        return None
+
     @abc.abstractmethod
     def load(self, path: Path) -> Module: ...
 

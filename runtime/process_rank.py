@@ -72,6 +72,10 @@ class ProcessRank:
         #: the caller was asked for beyond this call's collective, count, dtype and op (the torch
         #: backend's description of the call: AVG and SUM run the same kernel)
         self.call_tag = 0
+        #: the kept thread the waits for this rank's kernels synchronize through
+        #: (:class:`~hccc.runtime.rank_memory.BackgroundSync`), or None: a thread per wait, which
+        #: has ended when the call returns
+        self._sync = None
         #: a callable the waits poll (host barriers, the kernel's run): a reason to give up (a peer
         #: that is making another call elsewhere), or None
         self.watch = None
@@ -114,7 +118,7 @@ class ProcessRank:
         if key not in self._kernels:
             pf, prog = self._pf, self._prog
             ranks, scope = self._library()
-            lib = pf.build(prog.gendir, prog.manifest, Instance(dtype, op), ranks=ranks, **scope)
+            lib = self._build(Instance(dtype, op), ranks, scope)
             fn = pf.load(lib).function(prog.kernel_symbol(self.rank, dtype, op))
             if self._auto_threads and self.grid > 0:   # fewer threads per block until the grid fits
                 flavour = self.rank_platform[self.rank]
@@ -132,6 +136,10 @@ class ProcessRank:
                 raise CommunicatorError(f"rank {self.rank}: {exc}") from None
             self._kernels[key] = fn
         return self._kernels[key]
+
+    def _build(self, inst: Instance, ranks: list[int], scope: dict):
+        """The module of ``ranks``' kernels for ``inst`` (:meth:`Platform.build`)."""
+        return self._pf.build(self._prog.gendir, self._prog.manifest, inst, ranks=ranks, **scope)
 
     def _library(self) -> tuple[list[int], dict]:
         """The ranks whose kernels this rank's library holds and its memory scope
@@ -193,10 +201,12 @@ class ProcessRank:
         self._launch(fn, args, call, what)
         self._wait(method)
 
-    def _begin(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None):
+    def _begin(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None, *,
+               meet_after_reset: bool = True):
         """Everything of :meth:`_run` before the launch: the call planned, posted and compared with
         every peer's at a host barrier, the counters reset, the scratch and the arguments, and the
-        second barrier (nobody sends into a stale FIFO). Returns (the kernel, its
+        second barrier (nobody sends into a stale FIFO; ``meet_after_reset=False`` leaves it to the
+        caller, as ranks launched together by one thread meet before that launch). Returns (the kernel, its
         :class:`~hccc.runtime.kernel_abi.Args`, the :class:`LaunchCall`, the call's name)."""
         ir = self.ir
         fn = self._kernel(dtype, op)
@@ -234,7 +244,8 @@ class ProcessRank:
                               error=self.flags.error, timeout_s=self.kernel_timeout_s, epoch=epoch)
         if v is not None:
             v.apply(args, ir.scratch_chunks > 0)
-        self._barrier(f"{what} (counters reset)")  # nobody sends into a stale FIFO
+        if meet_after_reset:
+            self._barrier(f"{what} (counters reset)")  # nobody sends into a stale FIFO
         return fn, args, call, what
 
     def _launch(self, fn, args, call: LaunchCall, what: str) -> None:
@@ -315,7 +326,7 @@ class ProcessRank:
         got = wait_for_kernel(pf or self._pf, self.flags, self._hosts, self._net, self.ir, call=self._calls,
                               watch=self._watching, timeout_s=self.timeout_s,
                               kernel_timeout_s=self.kernel_timeout_s,
-                              abort_peers=self._owned.abort_peers, method=method)
+                              abort_peers=self._owned.abort_peers, method=method, sync=self._sync)
         if got is None:
             return
         why, kernel_running = got
@@ -335,6 +346,8 @@ class ProcessRank:
             self._hosts.close()
             self._hosts = None
         kernel_running = bool(self._broken and "ignores the abort flag" in self._broken)
+        if self._sync is not None:
+            self._sync.close()
         if self._owned is not None:
             self._owned.release(kernel_running)     # then only names go: the mappings stay
         if pf is not None and not kernel_running and self._owned_pf:

@@ -137,7 +137,8 @@ class RankGroup:
 
     def _plans_at(self, capacity: int) -> list:
         """Every rank's plan with slots of ``capacity`` (as ``chunk_bytes``)."""
-        return [p.with_capacity(capacity, self.ir.max_step_chunks) for p in self.program.plans]
+        step_chunks = self.ir.max_step_chunks    # (computed from the primitives: once, not per plan)
+        return [p.with_capacity(capacity, step_chunks) for p in self.program.plans]
 
     def fit_fifos(self, capacity: int) -> None:
         """Make the FIFOs hold slots of ``capacity`` (a call's :attr:`LaunchCall.slot_cap`, at most

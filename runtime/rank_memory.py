@@ -34,6 +34,7 @@ is the same recipe for one rank with the slot's whole share as its slice.
 from __future__ import annotations
 
 import ctypes
+import queue
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -507,6 +508,60 @@ class _Finished:
         return None
 
 
+class BackgroundSync:
+    """:func:`synchronize_in_background` through one thread kept for many waits (``name``): a
+    rank of a job whose ranks are threads of this process waits for every call's kernel, and a
+    thread started per rank and call took the CPU from the running kernels of the CPU emulation.
+    :meth:`start` returns what :func:`synchronize_in_background` returns (the handle's ``join``
+    waits for that wait's end); while an earlier wait has not ended (kernels that ignore the abort
+    flag) it falls back to a thread of its own. :meth:`close` ends the thread after its wait."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._tasks: queue.SimpleQueue | None = None
+        self._busy: threading.Event | None = None
+
+    def start(self, platforms, name: str | None = None):
+        if self._busy is not None and not self._busy.is_set():
+            return synchronize_in_background(platforms, name or self.name)
+        if self._tasks is None:
+            self._tasks = queue.SimpleQueue()
+            threading.Thread(target=_sync_tasks, args=(self._tasks,), name=self.name, daemon=True).start()
+        done, failure = threading.Event(), []
+        self._busy = done
+        self._tasks.put((list(platforms), done, failure))
+        return done, failure, _Waited(done)
+
+    def close(self) -> None:
+        if self._tasks is not None:
+            self._tasks.put(None)
+            self._tasks = None
+
+
+def _sync_tasks(tasks: queue.SimpleQueue) -> None:
+    """:class:`BackgroundSync`'s thread: each task's platforms synchronized, its Event set."""
+    while (task := tasks.get()) is not None:
+        platforms, done, failure = task
+        try:
+            for pf in platforms:
+                pf.synchronize()
+        except BaseException as exc:     # reported by the caller, in its own thread
+            failure.append(exc)
+        finally:
+            done.set()
+        del task, platforms, failure     # (nothing of a wait held until the next)
+
+
+class _Waited:
+    """A :class:`BackgroundSync` wait's handle: ``join`` waits for that wait's end."""
+
+    def __init__(self, done: threading.Event):
+        self._done = done
+
+    def join(self, timeout=None) -> None:
+        self._done.wait(timeout)
+
+
 __all__ = ["launch_proto", "launch_slice_bytes", "check_slice", "call_slot_capacity", "fifo_budget_bytes",
            "LaunchCall", "grid_argument",
-           "RankPlan", "RankMemory", "LaunchFlags", "synchronize_in_background"]
+           "RankPlan", "RankMemory", "LaunchFlags", "synchronize_in_background", "BackgroundSync"]

@@ -94,8 +94,7 @@ def create(size: int) -> Segment:
     """A new zeroed segment of ``size`` bytes (at least one page)."""
     _require()
     size = max(int(size), mmap.PAGESIZE)
-    pid = os.getpid()
-    name = f"/{PREFIX}-{pid}-{pid_namespace()}-{start_time(pid)}-{secrets.token_hex(8)}"
+    name = f"/{PREFIX}-{_creator()}-{secrets.token_hex(8)}"
     try:
         fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
     except OSError as exc:
@@ -188,6 +187,21 @@ def start_time(pid: int) -> int:
             return int(f.read().rsplit(b")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
         return 0
+
+
+#: (process id, "PID-NAMESPACE-START") of this process's segment names, read once per process
+_CREATOR: tuple[int, str] | None = None
+
+
+def _creator() -> str:
+    """What a segment's name says of the process that creates it (:func:`reap_stale` reads it):
+    its id, PID namespace and start time, read from /proc once per process (again after a fork),
+    not for every segment."""
+    global _CREATOR
+    pid = os.getpid()
+    if _CREATOR is None or _CREATOR[0] != pid:
+        _CREATOR = (pid, f"{pid}-{pid_namespace()}-{start_time(pid)}")
+    return _CREATOR[1]
 
 
 def ours() -> list[str]:

@@ -420,7 +420,7 @@ def test_a_kernel_without_the_alltoallv_path_refuses_counts(tmp_path):
     import ctypes
     from conftest import harness_library
     from hccc.runtime.kernel_abi import WAIT_COUNTS
-    from hccc.runtime.rank_launches import describe_stuck
+    from hccc.runtime.kernel_errors import describe_stuck
     lib, _ = harness_library(tmp_path, REFUSE_HARNESS, "refuse")
     lib.hccc_test_init.restype = ctypes.c_int
     wait, chunk, abort = ctypes.c_int(), ctypes.c_int(), ctypes.c_uint32()

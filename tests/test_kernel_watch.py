@@ -89,3 +89,38 @@ def test_a_synchronize_error_is_handed_back():
 def test_problems_need_a_poll_interval():
     with pytest.raises(ValueError, match="poll_s"):
         watched_wait([], Flags(), 1.0, 1.0, name="t", problem=lambda: None)
+
+
+def test_waits_through_a_kept_thread_use_it_for_every_wait_and_fall_back_while_it_is_busy():
+    """:class:`~hccc.runtime.rank_memory.BackgroundSync`: every wait synchronizes in its one kept
+    thread while the previous wait has ended; a wait that starts while that thread is still held
+    by kernels that ignore the abort flag gets a thread of its own and ends all the same; the kept
+    thread ends on close once its wait is over."""
+    from hccc.runtime.rank_memory import BackgroundSync
+
+    class Seen:
+        def __init__(self, run_s=0.0):
+            self.threads, self.run_s = [], run_s
+
+        def synchronize(self):
+            self.threads.append(threading.current_thread())
+            time.sleep(self.run_s)
+
+    sync = BackgroundSync("kept")
+    quick = Seen()
+    for _ in range(3):
+        w = watched_wait([quick], Flags(), 5.0, 5.0, name="t", sync=sync)
+        assert w.finished and not w.late
+    assert len(set(quick.threads)) == 1 and quick.threads[0].name == "kept"
+    stuck = Flags()
+    held = watched_wait([Kernel(stuck, 1.0, obeys=False)], stuck, 0.05, 0.05, name="t", sync=sync)
+    assert not held.finished
+    other = Seen()
+    w = watched_wait([other], Flags(), 5.0, 5.0, name="own", sync=sync)
+    assert w.finished and other.threads[0].name == "own"
+    held.waiter.join(5.0)
+    w = watched_wait([quick], Flags(), 5.0, 5.0, name="t", sync=sync)
+    assert w.finished and quick.threads[-1] is quick.threads[0]
+    sync.close()
+    quick.threads[0].join(5.0)
+    assert not quick.threads[0].is_alive()

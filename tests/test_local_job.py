@@ -304,6 +304,124 @@ def test_host_barriers_of_ranks_in_threads_wait_on_their_shared_condition():
             s.close()
 
 
+class _CountingCondition(threading.Condition):
+    """A Condition that counts its notify_all calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.notified = 0
+
+    def notify_all(self):
+        self.notified += 1
+        super().notify_all()
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.integers(2, 6), rounds=st.integers(1, 4))
+def test_only_the_rank_that_completes_a_barrier_wakes_the_others(n, rounds):
+    """Ranks in threads meet at ``rounds`` barriers on a shared condition: each barrier passes
+    for every rank, and the condition is notified once per barrier (by the rank that completes
+    it), not once per arrival."""
+    import os
+    from hccc.runtime.host_segment import HostSegments
+    wake = _CountingCondition()
+    segs = [HostSegments(r, n, 5.0, wake=wake) for r in range(n)]
+    try:
+        for s in segs:
+            for q in segs:
+                if q is not s:
+                    s.attach(q.rank, q.own.handle)
+            s.know([os.getpid()] * n, ["n"] * n)
+        for k in range(rounds):
+            assert _threads(n, lambda r: segs[r].barrier(f"barrier {k}")) == [None] * n
+        assert wake.notified == rounds
+    finally:
+        for s in segs:
+            s.close()
+
+
+@needs_gxx
+def test_every_call_of_a_rank_runs_in_that_ranks_one_thread():
+    """A job's steps run in one thread per rank, the same for every call from the set-up on (no
+    thread started per call), and each rank's waits for its kernels synchronize in one kept thread of its own;
+    closing the job ends them all."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    seen, waiters = [], []
+
+    def wait_threads():
+        return sorted((t for t in threading.enumerate() if re.fullmatch(r"hccc-rank-\d+-wait", t.name)),
+                      key=lambda t: t.name)
+    with LocalJob(ir, timeout_s=30) as job:
+        set_up = {t for t in threading.enumerate() if re.fullmatch(r"hccc-rank-\d+", t.name)}
+        for together in (False, True, True):
+            seen.append(job.each(lambda r, comm: threading.current_thread()))
+            job.collective([np.ones(6, np.float32)] * 3, 6, together=together)
+            waiters.append(wait_threads())
+        threads = seen[0]
+        assert seen == [threads] * 3
+        assert set(threads) <= set_up            # the threads that set the ranks up
+        assert len(set(map(id, threads))) == 3
+        assert all(t.is_alive() for t in threads)
+        assert [t.name for t in waiters[0]] == [f"hccc-rank-{r}-wait" for r in range(3)]
+        assert waiters == [waiters[0]] * 3
+    threads = threads + waiters[0]
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    job = LocalJob(ir, timeout_s=30)           # a job dropped unclosed ends its rank threads too
+    threads = job.each(lambda r, comm: threading.current_thread())
+    del job
+    import gc
+    gc.collect()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+
+
+@needs_gxx
+def test_ranks_launched_together_meet_at_one_host_barrier_per_call():
+    """A call of ranks launched together passes one host barrier (the call compared), the launch's
+    gate being the second (every rank has reset its counters before the one launch); a call of
+    ranks launched each by its own thread passes both, and both are the collective's."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    x = [np.full(6, r + 1, np.float32) for r in range(3)]
+    with LocalJob(ir, timeout_s=30) as job:
+        for together, passed in ((True, 1), (False, 2), (True, 1)):
+            before = [c._hosts._seq for c in job.comms]
+            got = job.collective(x, 6, together=together)
+            assert [c._hosts._seq - b for c, b in zip(job.comms, before)] == [passed] * 3
+            assert all(np.array_equal(g, np.full(6, 6, np.float32)) for g in got)
+
+
+@needs_gxx
+def test_a_rank_that_fails_before_a_launch_together_is_named_by_every_peer():
+    """A rank refused memory after the call's barrier, before the launch of ranks launched
+    together: every peer's error names that rank's failure (as the host barrier the launch's gate
+    stands for says it), and the job runs again."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    x = [np.ones(6, np.float32)] * 3
+    with LocalJob(ir, timeout_s=30) as job:
+        scratch = job.comms[1]._owned.scratch_ptr
+
+        def refused(nbytes):
+            raise MemoryError("refused for the test")
+        job.comms[1]._owned.scratch_ptr = refused
+        with pytest.raises(CommunicatorError) as err:
+            job.collective(x, 6, together=True)
+        text = str(err.value)
+        assert "; rank 1: all_reduce #1: out of memory" in text, text
+        for r in (0, 2):
+            assert re.search(rf"rank {r}: rank 1 failed \(all_reduce #1: out of memory.*?\(all_reduce #1 "
+                             r"\(counters reset\)\)", text), text
+        assert "BrokenBarrier" not in text
+        job.comms[1]._owned.scratch_ptr = scratch
+        job.recover()
+        assert all(np.array_equal(g, np.full(6, 3, np.float32)) for g in job.collective(x, 6, together=True))
+
+
 # ------------------------------------------------------------------------------ the oracle on top
 @needs_gxx
 @settings(max_examples=4)
@@ -430,9 +548,39 @@ def test_ctrl_c_during_a_call_stops_every_rank_at_once_and_the_job_runs_again():
 
 
 @needs_gxx
+def test_a_jobs_ranks_build_their_library_once_where_their_platforms_build_alike(monkeypatch):
+    """Ranks whose platforms promise the same builds (equal :meth:`Platform.build_identity`: the
+    CPU emulation's toolchain, cache and source platform) build, or find in the cache, their one
+    library once for the job; every rank loads it. Platforms that differ in a build input differ
+    in identity; a platform that promises nothing has none."""
+    from hccc.runtime.cpu import CpuPlatform
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import Platform
+    assert CpuPlatform(opt="-O1").build_identity() == CpuPlatform(opt="-O1").build_identity()
+    assert CpuPlatform(opt="-O1").build_identity() != CpuPlatform(opt="-O0").build_identity()
+    assert (CpuPlatform(source_platform="hip").build_identity()
+            != CpuPlatform(source_platform="cuda").build_identity())
+    assert Platform.build_identity(CpuPlatform()) is None
+    builds = []
+    real = CpuPlatform.build
+
+    def counted(self, *args, **kwargs):
+        builds.append(self)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(CpuPlatform, "build", counted)
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        assert len(builds) == 1
+        assert len({c._kernels[("float32", "sum")].module.path for c in job.comms}) == 1
+        assert len({id(c._pf) for c in job.comms}) == 3
+        got = job.collective([np.full(6, r + 1, np.float32) for r in range(3)], 6, together=True)
+        assert all(np.array_equal(g, np.full(6, 6, np.float32)) for g in got)
+
+
+@needs_gxx
 def test_the_ranks_of_a_job_in_threads_load_one_library_with_the_one_grid_entry():
-    """One library of every rank (device scope on the CPU emulation), built once and loaded by
-    each rank, which the one-grid launch takes its entry from too; a job of separate processes
+    """One library of every rank (device scope on the CPU emulation), from the generated sources
+    the ranks read once, built once and loaded by each rank, which the one-grid launch takes its entry from too; a job of separate processes
     builds each rank's own (:meth:`ProcessRank._library`)."""
     from hccc.runtime.communicator import Communicator
     from hccc.runtime.local_job import GridEntry, LocalJob
@@ -440,6 +588,7 @@ def test_the_ranks_of_a_job_in_threads_load_one_library_with_the_one_grid_entry(
     with LocalJob(ir, timeout_s=30) as job:
         paths = {c._kernels[("float32", "sum")].module.path for c in job.comms}
         assert len(paths) == 1
+        assert len({id(c._prog) for c in job.comms}) == 1     # the generated sources read once
         assert GridEntry(job.comms, "float32", "sum").fn.module.path in paths
         assert [c._library() for c in job.comms] == [([0, 1, 2], {"single_gpu": True})] * 3
         assert Communicator._library(job.comms[1]) == ([1], {})

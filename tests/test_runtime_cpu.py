@@ -305,7 +305,7 @@ def test_kernel_abi_matches_the_header(pf, tmp_path):
         assert tuple(out[:3]) == kernel_abi.sizes() and out[3] == runner.nslots
     e = kernel_abi.ErrorRecord(claimed=1, valid=1, rank=3, tb=2, seq=1, op=int(Op.RECV_REDUCE_COPY),
                                wait=kernel_abi.WAIT_DATA, chunk=5, task=9, microbatch=4, waited=2000)
-    from hccc.runtime.rank_launches import describe_stuck
+    from hccc.runtime.kernel_errors import describe_stuck
     msg = describe_stuck(ir, e, 1000.0)
     assert msg.startswith("rank 3, TB 2 stuck in recv_reduce_copy for chunk 5 (micro-batch 4)")
 
@@ -605,6 +605,26 @@ def test_build_jobs_from_the_environment(tmp_path, monkeypatch):
         monkeypatch.setenv("HCCC_CPU_JOBS", bad)
         with pytest.raises(PlatformError, match="HCCC_CPU_JOBS"):
             CpuPlatform()
+
+
+def test_the_compilers_version_is_asked_once_per_process_and_compiler(tmp_path):
+    """Every CPU platform's cache keys name the compiler and its version line: asked of the
+    compiler once per process (a fake compiler counts how often it is run), not once per platform
+    object, and asked again when the compiler's file changes."""
+    from hccc.runtime.cpu_build import CpuToolchain
+    runs = tmp_path / "runs"
+    fake = tmp_path / "fake-c++"
+
+    def write(version: str) -> None:
+        fake.write_text(f"#!/bin/sh\necho run >> {runs}\necho '{version}'\n")
+        fake.chmod(0o755)
+    write("fake c++ 1.0")
+    ids = [CpuToolchain(str(fake), "-O0", 1, None).compiler_id() for _ in range(3)]
+    assert ids == [f"{fake} fake c++ 1.0"] * 3
+    assert runs.read_text().count("run") == 1
+    write("fake c++ 2.0.1")
+    assert CpuToolchain(str(fake), "-O0", 1, None).compiler_id() == f"{fake} fake c++ 2.0.1"
+    assert runs.read_text().count("run") == 2
 
 
 def test_modules_are_linked_by_gold_where_the_driver_has_it(tmp_path, monkeypatch):

@@ -114,3 +114,37 @@ def test_reap_stale_removes_only_what_is_provably_ours_and_dead():
     finally:
         for n in made:
             shm._unlink(n)
+
+
+def test_a_segments_name_says_its_creator_read_once_per_process(monkeypatch):
+    """Every segment's name carries its creating process's id, PID namespace and start time (what
+    reap_stale proves a dead creator by), read from /proc once per process, and a forked child's
+    segments carry the child's."""
+    reads = []
+    real = shm.start_time
+    monkeypatch.setattr(shm, "start_time", lambda pid: reads.append(pid) or real(pid))
+    monkeypatch.setattr(shm, "_CREATOR", None)
+    me = os.getpid()
+    segs = [shm.create(64) for _ in range(3)]
+    try:
+        want = f"/hccc-{me}-{shm.pid_namespace()}-{real(me)}-"
+        assert all(s.name.startswith(want) for s in segs), [s.name for s in segs]
+        assert reads == [me]
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:                 # the child: its own id and start time in its segment's name
+            try:
+                seg = shm.create(64)
+                ok = seg.name.startswith(f"/hccc-{os.getpid()}-{shm.pid_namespace()}-{real(os.getpid())}-")
+                seg.unlink()
+                os.write(w, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(w)
+        assert os.read(r, 1) == b"1"
+        os.close(r)
+        os.waitpid(child, 0)
+    finally:
+        for s in segs:
+            s.unlink()
+            s.close()
