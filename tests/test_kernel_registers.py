@@ -15,7 +15,9 @@ with ``-DHCCC_SYNC_POSTS=1``, the sync lane posting every unit), and for direct 
 kernels also run as AllToAllv: their engine has the counts path (hccc_v_round), which must not cost
 the engine registers either (docs/measurements.md#the-engines-registers-under-alltoallv-ptxas-no-gpu); and
 for the table mode's generic kernels (float32 sum), which run every program and so carry that path
-too."""
+too. The specialised kernels' blocks decode their primitives into a shared-memory table at launch
+(hccc.compiler.backend.prim_table): with it, a kernel's shared memory stays within CUDA's 48 KiB of
+static shared memory per block."""
 from __future__ import annotations
 
 import json
@@ -61,12 +63,14 @@ def test_report_parser():
                                   "_Z1fv": {"stack": 0, "spill_stores": 0, "spill_loads": 0}}
 
 
-def _ptxas(tool, src: Path, inc: Path, single_gpu: bool, defines: tuple[str, ...] = ()) -> dict[str, dict]:
+def _ptxas(tool, src: Path, inc: Path, single_gpu: bool,
+           defines: tuple[str, ...] = ()) -> tuple[dict[str, dict], list[int]]:
+    """ptxas -v of ``src`` (sm_90): every function's report, and each kernel's shared memory (bytes)."""
     res = subprocess.run([tool, *cuda_flags("sm_90", single_gpu), *defines, "-Xptxas", "-v", "-I", str(inc),
                           "-o", str(src.with_suffix(".cubin")), str(src)],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    return ptxas_report(res.stderr)
+    return ptxas_report(res.stderr), [int(x) for x in re.findall(r"Used \d+ registers.*?(\d+) bytes smem", res.stderr)]
 
 
 @pytest.mark.parametrize("single", [True, False])
@@ -86,9 +90,14 @@ def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_pa
     assert man["nthreads"]["cuda"] == 512
     src = tmp_path / "all.cu"
     src.write_text(translation_unit(man, Instance(dtype, op), list(range(ir.nranks)), "cuda"))
-    rep = _ptxas(tool, src, tmp_path, single, defines)
+    rep, smem = _ptxas(tool, src, tmp_path, single, defines)
     entries = {k: v for k, v in rep.items() if "registers" in v and k != "hccc_runtime_gate"}
     kernels = {e["kernel"] for e in man["ranks"]} | {man["grid"]["cuda"]["kernel"]}
+    # the blocks decode their primitives into a table of shared memory at launch: the table and the
+    # block's state, within CUDA's 48 KiB of static shared memory per block
+    table = man["stats"]["prim_table_bytes"]
+    assert man["stats"]["prim_decode"] == "table" and table > 0
+    assert smem and all(table < b <= 48 * 1024 for b in smem), (smem, table)
     assert {re.sub(r"_(?:float32|bfloat16)_(?:sum|max)$", "", k) for k in entries} == kernels
     for name, v in entries.items():
         assert v["registers"] <= BUDGET, (name, v)
@@ -130,7 +139,7 @@ def test_table_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, sing
     man = json.loads((tmp_path / "manifest.json").read_text())
     src = tmp_path / "all.cu"
     src.write_text(translation_unit(man, Instance("float32", "sum"), list(range(ir.nranks)), "cuda"))
-    rep = _ptxas(tool, src, tmp_path, single)
+    rep, _ = _ptxas(tool, src, tmp_path, single)
     entries = {k: v for k, v in rep.items() if "registers" in v and k != "hccc_runtime_gate"}
     assert set(entries) == {"hccc_table_float32_sum", "hccc_table_grid_float32_sum"}, sorted(entries)
     for name, v in entries.items():
