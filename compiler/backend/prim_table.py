@@ -7,11 +7,12 @@ chunk walks and piece template). Without a table it decodes each one when it rea
 one, every thread of the block decodes the block's primitives at launch and the loop reads the
 current one from shared memory. Codegen picks the table at compile time, per program: the
 program's type in its sources is ``hccc_tprogram<N>``, N the most primitives of any of its thread
-blocks, when N entries fit :data:`PTABLE_BUDGET_BYTES` (an AllToAll program's
-``hccc_tvprogram<N>``: its entries hold their templates at round 0, and another round of an
-AllToAllv primitive is rebuilt in its entry where the cursor moves to it); else the per-primitive
-load. The table mode's generic kernels (their programs are read at run time) always take the
-per-primitive load.
+blocks, when N entries fit :data:`PTABLE_BUDGET_BYTES`; else the per-primitive load. An
+AllToAll program (its kernels carry the AllToAllv path) takes the per-primitive load for now
+(:data:`ALLTOALL_TABLE`; the engine has its table type, ``hccc_tvprogram<N>``: its entries hold their
+templates at round 0, and another round of an AllToAllv primitive is rebuilt in its entry where the
+cursor moves to it). The table mode's generic kernels (their programs are read at run time) always
+take the per-primitive load.
 """
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ PTABLE_BUDGET_BYTES = (STATIC_SHARED_BYTES - OTHER_SHARED_BYTES
                        - engine_shape.ASYNC_THREADS * engine_shape.ASYNC_VECTORS * engine_shape.VECTOR_BYTES)
 #: entries the budget holds
 PTABLE_MAX_PRIMS = PTABLE_BUDGET_BYTES // SPRIM_BYTES
+#: whether an AllToAll program decodes its primitives into a table (``hccc_tvprogram<N>``): not yet.
+#: With one, the one-grid entry's engine spills to local memory on sm_90 (direct AllToAll 8 float32
+#: sum, single-GPU and system builds: 20 B of spill stores and 24 B of loads in the grid kernel's
+#: ``hccc_run``, the data loop's invariants, ``ptxas -v`` with nvcc 13.0; the rank kernels none): its
+#: data loop is at the 64-register budget, which the table's code tips over. With the per-primitive
+#: load, no kernel spills (``tests/test_kernel_registers.py``)
+ALLTOALL_TABLE = False
 
 
 def max_block_prims(ir) -> int:
@@ -49,9 +57,13 @@ def max_block_prims(ir) -> int:
 
 def ptable_prims(ir, no_table: bool = False) -> int:
     """Entries of ``ir``'s decoded table (0: the per-primitive load); ``no_table``: the kernels
-    read the program at run time (the table mode's), and so never have one."""
+    read the program at run time (the table mode's), and so never have one; an AllToAll program has
+    one only where :data:`ALLTOALL_TABLE`."""
+    from hccc.compiler.frontend.collectives import spec_of
     n = max_block_prims(ir)
-    return n if not no_table and 0 < n <= PTABLE_MAX_PRIMS else 0
+    if no_table or not 0 < n <= PTABLE_MAX_PRIMS:
+        return 0
+    return n if ALLTOALL_TABLE or not spec_of(ir.collective).per_pair_counts else 0
 
 
 def ptable_stats(ir, no_table: bool) -> dict:
@@ -63,5 +75,5 @@ def ptable_stats(ir, no_table: bool) -> dict:
             "prim_table_bytes": n * SPRIM_BYTES}
 
 
-__all__ = ["SPRIM_BYTES", "STATIC_SHARED_BYTES", "OTHER_SHARED_BYTES", "PTABLE_BUDGET_BYTES", "PTABLE_MAX_PRIMS", "max_block_prims", "ptable_prims",
-           "ptable_stats"]
+__all__ = ["SPRIM_BYTES", "STATIC_SHARED_BYTES", "OTHER_SHARED_BYTES", "PTABLE_BUDGET_BYTES", "PTABLE_MAX_PRIMS",
+           "ALLTOALL_TABLE", "max_block_prims", "ptable_prims", "ptable_stats"]
