@@ -82,19 +82,25 @@ def compiler_version(exe: str, mtime_ns: int, size: int) -> str:
     return out.stdout.splitlines()[0] if out.stdout else ""
 
 
-#: the engine over a specialised rank program (``hccc_program``, and an AllToAll program's
-#: ``hccc_vprogram``), instantiated for the build's instance (dtype and op: ``HCCC_FOR_EACH_INSTANCE``
-#: names one) in an object of its own (``CpuToolchain._engine_object``)
+#: the engine over a specialised rank program (``hccc_program``, an AllToAll program's
+#: ``hccc_vprogram``, and those whose blocks decode their primitives into a table at launch: every
+#: such program's type is ``HCCC_TPROGRAM(N)`` / ``HCCC_TVPROGRAM(N)``, on the CPU the one table
+#: size), instantiated for the build's instance (dtype and op: ``HCCC_FOR_EACH_INSTANCE`` names
+#: one) in an object of its own (``CpuToolchain._engine_object``)
 ENGINE_SOURCE = """#define HCCC_ENGINE_(DT, T, OPN, RED) \\
   template void hccc_run<T, RED, hccc_program>(const hccc_args*, const hccc_program, int); \\
-  template void hccc_run<T, RED, hccc_vprogram>(const hccc_args*, const hccc_vprogram, int);
+  template void hccc_run<T, RED, hccc_vprogram>(const hccc_args*, const hccc_vprogram, int); \\
+  template void hccc_run<T, RED, HCCC_TPROGRAM(0)>(const hccc_args*, const HCCC_TPROGRAM(0), int); \\
+  template void hccc_run<T, RED, HCCC_TVPROGRAM(0)>(const hccc_args*, const HCCC_TVPROGRAM(0), int);
 HCCC_FOR_EACH_INSTANCE(HCCC_ENGINE_)
 """
 #: what each unit says first (after the prims header, which every unit and the engine take with
 #: ``-include``): the engine is instantiated elsewhere, not in this unit
 ENGINE_EXTERN = """#define HCCC_ENGINE_(DT, T, OPN, RED) \\
   extern template void hccc_run<T, RED, hccc_program>(const hccc_args*, const hccc_program, int); \\
-  extern template void hccc_run<T, RED, hccc_vprogram>(const hccc_args*, const hccc_vprogram, int);
+  extern template void hccc_run<T, RED, hccc_vprogram>(const hccc_args*, const hccc_vprogram, int); \\
+  extern template void hccc_run<T, RED, HCCC_TPROGRAM(0)>(const hccc_args*, const HCCC_TPROGRAM(0), int); \\
+  extern template void hccc_run<T, RED, HCCC_TVPROGRAM(0)>(const hccc_args*, const HCCC_TVPROGRAM(0), int);
 HCCC_FOR_EACH_INSTANCE(HCCC_ENGINE_)
 #undef HCCC_ENGINE_
 """

@@ -189,11 +189,13 @@ def test_non_alltoall_is_refused():
 # ------------------------------------------------------------------------------ the kernels
 def test_only_alltoall_programs_kernels_have_the_alltoallv_path(tmp_path):
     """An AllToAll program's rank and one-grid sources run their program as an hccc_vprogram (the
-    engine with the AllToAllv path); every other collective's as an hccc_program, whose engine is
-    compiled without it (its registers stay off every ordinary collective's kernels)."""
+    engine with the AllToAllv path; its blocks load each primitive, prim_table.ALLTOALL_TABLE); every
+    other collective's as an hccc_program (here an
+    HCCC_TPROGRAM(N)), whose engine is compiled without it (its registers stay off every ordinary collective's
+    kernels)."""
     from hccc.compiler.backend.codegen import generate
-    for prog, want in ((gen.ring_alltoall(3), "hccc_vprogram"), (gen.ring_allreduce(3), "hccc_program"),
-                       (gen.ring_allgather(3), "hccc_program")):
+    for prog, want in ((gen.ring_alltoall(3), "hccc_vprogram"), (gen.ring_allreduce(3), "HCCC_TPROGRAM"),
+                       (gen.ring_allgather(3), "HCCC_TPROGRAM")):
         ir = build_program(prog)
         out = tmp_path / ir.collective
         out.mkdir()
@@ -202,7 +204,8 @@ def test_only_alltoall_programs_kernels_have_the_alltoallv_path(tmp_path):
             text = src.read_text()
             if "_program()" not in text:
                 continue
-            used = set(re.findall(r"\b(hccc_v?program)\b(?:\{| \w+_program\(\))", text))
+            used = set(re.findall(r"\b(hccc_v?program|HCCC_TV?PROGRAM)\b(?:\(\d+\))?(?:\{| \w+_program\(\))",
+                                  text))
             assert used == {want}, (src.name, used)
 
 

@@ -13,7 +13,8 @@ build (one thread per warp) runs through every other kernel test.
   count: 0 wrong elements;
 - a deadlock: every warp leaves (the run returns, the error record names the wait);
 - the sync lane's dependency polls past the counters kept with a primitive (``-DHCCC_DEP_CACHE=1``:
-  the examples' second dependencies are read through the program): 0 wrong elements;
+  the examples' second dependencies are read through the primitive's pointer to its slots,
+  ``hccc_sprim::deps``): 0 wrong elements;
 - the sync lane posting every unit (``-DHCCC_SYNC_POSTS=1``: the next unit released first where its
   inputs were met, so units overlap), Simple and LL, channels, dependencies: 0 wrong elements;
 - (slow) random valid programs of every collective, 1-3 channels, uneven counts, every dtype and
@@ -237,7 +238,7 @@ def test_ring_allreduce_with_channels_and_partial_warps(wide, proto, inplace):
 @pytest.fixture(scope="module")
 def one_dep_cached(tmp_path_factory):
     """A CPU platform whose kernels keep one dependency's counter per primitive with it
-    (``-DHCCC_DEP_CACHE=1``): every later dependency is polled through the program's slots."""
+    (``-DHCCC_DEP_CACHE=1``): every later dependency is polled through the primitive's pointer to its slots."""
     mp = pytest.MonkeyPatch()
     mp.setattr(cpu_build, "_CXX_FLAGS", [*cpu_build._CXX_FLAGS, "-DHCCC_DEP_CACHE=1"])
     plat = cpu.CpuPlatform(opt="-O0", cache_dir=tmp_path_factory.mktemp("dep-cache"))
@@ -249,9 +250,9 @@ def one_dep_cached(tmp_path_factory):
 
 
 @pytest.mark.parametrize("example", ["hm_allreduce_2x4", "ring_allgather_8"])
-def test_dependencies_past_the_kept_counters_are_polled_through_the_program(one_dep_cached, example):
+def test_dependencies_past_the_kept_counters_are_polled_through_the_primitives_slots(one_dep_cached, example):
     """The sync lane's dependency polls with one counter kept per primitive: the examples' second
-    dependencies take the other path (the program's slot, then the counter); 0 wrong elements,
+    dependencies take the other path (the slot, through the primitive's pointer, then the counter); 0 wrong elements,
     uneven count, in and out of place, several data threads."""
     from hccc.compiler.frontend.load import load_rccl
     root = __import__("pathlib").Path(__file__).resolve().parent.parent

@@ -307,8 +307,9 @@ def test_instantiation_trimming_removes_kernels(tmp_path):
     want = {f"{d}_{o}" for d in ("float32", "bfloat16", "int32") for o in ("sum", "max")}
     # the kernels, and the rank programs they share with the one-grid entry (C++ names)
     assert {g for g in got if not g.startswith("program")} == want
-    # one engine per instantiation (C++ name hccc_run<T, RED, hccc_program>)
-    assert len(set(re.findall(r"\b_Z8hccc_runI(\w+?)E12hccc_program", syms))) == len(want)
+    # one engine per instantiation (C++ name hccc_run<T, RED, hccc_tprogram<N>>: a table of N
+    # decoded primitives, HCCC_PTABLE_MAX_PRIMS on the CPU)
+    assert len(set(re.findall(r"\b_Z8hccc_runI(\w+?)E13hccc_tprogramILj\d+EE", syms))) == len(want)
 
 
 def test_makefile_dry_run(tmp_path):

@@ -2,8 +2,10 @@
 hardware shows in the code nvcc (PTX and SASS, sm_90) and hipcc (gfx90a and gfx1030 assembly) emit.
 
 Every kernel runs one engine per (dtype, op): ``hccc_run`` (hccc_prims.h), which calls nothing on
-its per-unit path but the once-per-primitive ``hccc_sprim_load``, the once-per-block
-``hccc_launch_init`` and, on a timeout, ``hccc_report_stuck``.
+its per-unit path but the once-per-block ``hccc_launch_init`` and ``hccc_ptable_decode`` (a
+program whose blocks decode their primitives into a shared-memory table at launch, as the example's)
+or the once-per-primitive ``hccc_sprim_load`` (one over the table's budget) and, on a timeout,
+``hccc_report_stuck``.
 
 - Copy/reduce loops (in ``hccc_run``): every unrolled loop issues at least 4 independent 16-byte
   global loads (``ld.global.*.v4`` / ``global_load_dwordx4``, at least 4 outstanding at once)
@@ -51,6 +53,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
+from hccc.compiler.backend import prim_table
 from hccc.compiler.backend.codegen import generate
 from hccc.compiler.pipeline import load_program
 from hccc.runtime.cuda import cuda_flags
@@ -93,6 +96,19 @@ def functions(text: str, flavour: str) -> dict[str, list[str]]:
 def function(funcs: dict[str, list[str]], part: str) -> list[str]:
     names = [n for n in funcs if part in n]
     assert len(names) == 1, f"expected one function named like {part!r}, found {names}"
+    return funcs[names[0]]
+
+
+#: the mangled program type of an engine ``hccc_run<T, RED, Prog>``: a program decoding its
+#: primitives into a table at launch (``hccc_tprogram<N>``, as ring AllReduce 8's) or loading each
+#: one (``hccc_program``)
+ENGINE_PROGRAM = r"(?:12hccc_program|13hccc_tprogramILj\d+EE)"
+
+
+def engine(funcs: dict[str, list[str]], code: str) -> list[str]:
+    """The lines of the one engine ``hccc_run`` of (dtype, op) ``code`` (``fLi0E``: float32 sum)."""
+    names = [n for n in funcs if re.search(rf"hccc_runI{code}{ENGINE_PROGRAM}", n)]
+    assert len(names) == 1, f"expected one engine {code!r}, found {names}"
     return funcs[names[0]]
 
 
@@ -250,7 +266,7 @@ def prim_of(sources, platform: str, dtype: str, op: str, single_gpu: bool = Fals
     loop with the copy / reduce engine inlined, the sync lane's loop."""
     funcs = functions(compiled(sources, platform, single_gpu), FLAVOUR[platform])
     code = f"{TYPE_CODE[platform][dtype]}Li{OPS.index(op)}E"
-    return list(function(funcs, f"hccc_runI{code}12hccc_program"))
+    return list(engine(funcs, code))
 
 
 FLAVOUR = {"cuda": "ptx", "hip": "amd"}
@@ -472,7 +488,55 @@ def test_the_per_unit_path_calls_nothing_and_divides_nothing_in_sass(sources, tm
         assert not any(re.search(r"__cuda_sm20_(?:div|rem)", t) for t in targets), (name, targets)
     # the divisions that do exist are the per-primitive and per-block ones
     divs = [n for n, b in funcs.items() if any(re.search(r"__cuda_sm20_div", x) for x in b)]
-    assert all(any(c in n for c in ("hccc_sprim_load", "hccc_launch_init", "hccc_v_round")) for n in divs), divs
+    assert all(any(c in n for c in ("hccc_sprim_load", "hccc_ptable_decode", "hccc_launch_init", "hccc_v_round"))
+               for n in divs), divs
+
+
+def _engine_calls_in_sass(d: Path, man: dict) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """nvdisasm of rank 0's float32-sum kernels in folder ``d`` (sm_90, system scope): each engine's
+    call targets, and each function's instruction count."""
+    tool = _nvdisasm()
+    if tool is None:
+        if os.environ.get("HCCC_REQUIRE_COMPILERS"):
+            pytest.fail("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    src, cubin = d / "calls.cu", d / "calls.cubin"
+    src.write_text(translation_unit(man, Instance("float32", "sum"), [0], "cuda"))
+    res = subprocess.run([require_tool("nvcc"), *cuda_flags("sm_90", False, output="-cubin"), "-I", str(d),
+                          "-o", str(cubin), str(src)], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    dis = subprocess.run([tool, "-c", str(cubin)], capture_output=True, text=True, timeout=300)
+    assert dis.returncode == 0, dis.stderr[-2000:]
+    funcs = sass_functions(dis.stdout)
+    calls = {n: [m.group(1) for x in b if (m := re.search(r"CALL\S*\s+`?\(?([\w$]+)", x))]
+             for n, b in funcs.items() if "hccc_runI" in n}
+    return calls, {n: len(b) for n, b in funcs.items()}
+
+
+def test_a_table_programs_engine_never_calls_the_primitive_load_and_a_fallbacks_does_in_sass(
+        sources, tmp_path, monkeypatch):
+    """sm_90 machine code: ring AllReduce 8's blocks (14 primitives, within the budget) decode
+    their primitives once at launch (the engine calls hccc_ptable_decode, never hccc_sprim_load:
+    no call once a primitive on the sync lane's loop); the same program over the budget (set below
+    it) falls back to the per-primitive load (the engine calls hccc_sprim_load, and no decode)."""
+    d, man = sources["cuda"]
+    assert man["stats"]["prim_decode"] == "table"
+    calls, sizes = _engine_calls_in_sass(d, man)
+    assert calls, sorted(sizes)[:20]
+    for name, targets in calls.items():
+        assert any("hccc_ptable_decode" in t for t in targets), (name, targets)
+        assert not any("hccc_sprim_load" in t for t in targets), (name, targets)
+    assert not any("hccc_sprim_load" in n for n in sizes), sorted(sizes)
+    monkeypatch.setattr(prim_table, "PTABLE_MAX_PRIMS", 0)
+    ir = load_program(EXAMPLE)
+    generate(ir, tmp_path, platforms=["cuda"] * ir.nranks)
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    assert man["stats"]["prim_decode"] == "load"
+    calls, sizes = _engine_calls_in_sass(tmp_path, man)
+    assert calls, sorted(sizes)[:20]
+    for name, targets in calls.items():
+        assert any("hccc_sprim_load" in t for t in targets), (name, targets)
+        assert not any("hccc_ptable_decode" in t for t in targets), (name, targets)
 
 
 #: SASS: a load from global (or generic) memory, an L1 invalidation, a call, local memory (the stack)
@@ -620,7 +684,7 @@ def test_gfx1030_builds_wave32_and_waits_for_its_stores_before_each_barrier(rdna
     declare it; every workgroup barrier of the engine follows a wait for the wave's stores
     (gfx10 counts stores in vscnt, which vmcnt(0) does not cover)."""
     assert ".amdhsa_wavefront_size32 1" in rdna
-    body = function(functions(rdna, "amd"), "hccc_runIfLi0E12hccc_program")
+    body = engine(functions(rdna, "amd"), "fLi0E")
     at = [i for i, x in enumerate(body) if re.search(r"\bs_barrier\b", x)]
     assert at, "no barrier"
     for i in at:
@@ -666,9 +730,11 @@ def test_gfx90a_and_gfx1030_engines_call_only_the_per_primitive_block_and_timeou
     only scratch accesses are the entry's save and the return's restore of the one register those
     calls clobber: no spill and no stack array on any loop of the per-unit path."""
     for arch, text in (("gfx90a", compiled(sources, "hip", True)), ("gfx1030", rdna)):
-        body = function(functions(text, "amd"), "hccc_runIfLi0E12hccc_program")
+        body = engine(functions(text, "amd"), "fLi0E")
         targets, bad = amd_calls_and_scratch(body)
         assert targets and all(any(c in t for c in CALLEES) for t in targets), (arch, targets)
+        # (ring AllReduce 8 decodes its primitives at launch: no s_swappc to the per-primitive load)
+        assert not any("hccc_sprim_load" in t for t in targets), (arch, targets)
         assert not bad, (arch, [body[i] for i in bad][:4])
 
 

@@ -14,8 +14,12 @@ the one-grid entry, in single-GPU and system-scope builds (and ring AllReduce 8 
 with ``-DHCCC_SYNC_POSTS=1``, the sync lane posting every unit), and for direct AllToAll 8 (float32), whose
 kernels also run as AllToAllv: their engine has the counts path (hccc_v_round), which must not cost
 the engine registers either (docs/measurements.md#the-engines-registers-under-alltoallv-ptxas-no-gpu); and
-for the table mode's generic kernels (float32 sum), which run every program and so carry that path
-too."""
+for the table mode's generic kernels (float32 sum and bfloat16 max), which run every program and
+so carry that path too. The specialised kernels' blocks decode their primitives into a shared-memory table at launch
+(hccc.compiler.backend.prim_table; an AllToAll program's load each one): with it, a kernel's shared
+memory stays within CUDA's 48 KiB of static shared memory per block. ``ptxas -v`` is read entry by
+entry: ptxas compiles the engine again for each kernel, and the one-grid entry's copy is not the
+rank kernels' (it held the program in registers and spilled where they did not)."""
 from __future__ import annotations
 
 import json
@@ -59,14 +63,45 @@ def test_report_parser():
                                   "e": {"stack": 0, "spill_stores": 0, "spill_loads": 0, "registers": 40,
                                         "cumulative_stack": 0},
                                   "_Z1fv": {"stack": 0, "spill_stores": 0, "spill_loads": 0}}
+    # a callee compiled for two entries, spilling in the first one's copy only: both copies kept
+    two = ("ptxas info    : Compiling entry function 'g' for 'sm_90'\n"
+           "ptxas info    : Function properties for g\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 64 registers, used 4 barriers, 24 bytes cumulative stack size, 9 bytes smem\n"
+           "ptxas info    : Function properties for _Z1fv\n"
+           "    0 bytes stack frame, 20 bytes spill stores, 24 bytes spill loads\n"
+           "ptxas info    : Compiling entry function 'r' for 'sm_90'\n"
+           "ptxas info    : Function properties for r\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 64 registers, used 4 barriers, 9 bytes smem\n"
+           "ptxas info    : Function properties for _Z1fv\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n")
+    rep = _per_entry(two)
+    assert sorted(rep) == ["g", "g/_Z1fv", "r", "r/_Z1fv"]
+    assert (rep["g/_Z1fv"]["spill_stores"], rep["r/_Z1fv"]["spill_stores"]) == (20, 0)
+    assert ptxas_report(two)["_Z1fv"]["spill_stores"] == 0   # (by name alone, the last copy hides the first)
 
 
-def _ptxas(tool, src: Path, inc: Path, single_gpu: bool, defines: tuple[str, ...] = ()) -> dict[str, dict]:
+def _ptxas(tool, src: Path, inc: Path, single_gpu: bool,
+           defines: tuple[str, ...] = ()) -> tuple[dict[str, dict], list[int]]:
+    """ptxas -v of ``src`` (sm_90): every function's report, and each kernel's shared memory (bytes)."""
     res = subprocess.run([tool, *cuda_flags("sm_90", single_gpu), *defines, "-Xptxas", "-v", "-I", str(inc),
                           "-o", str(src.with_suffix(".cubin")), str(src)],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    return ptxas_report(res.stderr)
+    return _per_entry(res.stderr), [int(x) for x in re.findall(r"Used \d+ registers.*?(\d+) bytes smem", res.stderr)]
+
+
+def _per_entry(text: str) -> dict[str, dict]:
+    """``ptxas -v`` output -> every function's report, a callee's once per kernel entry that
+    compiled it (``entry/callee``; the entry's own under its name): ptxas compiles a kernel's
+    callees again for each entry, and one entry's copy may spill where another's does not."""
+    parts = re.split(r"ptxas info\s+: Compiling entry function '(\w+)'", text)
+    out: dict[str, dict] = {}
+    for entry, body in zip(parts[1::2], parts[2::2]):
+        for name, v in ptxas_report(body).items():
+            out[name if name == entry else f"{entry}/{name}"] = v
+    return out
 
 
 @pytest.mark.parametrize("single", [True, False])
@@ -86,9 +121,16 @@ def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_pa
     assert man["nthreads"]["cuda"] == 512
     src = tmp_path / "all.cu"
     src.write_text(translation_unit(man, Instance(dtype, op), list(range(ir.nranks)), "cuda"))
-    rep = _ptxas(tool, src, tmp_path, single, defines)
+    rep, smem = _ptxas(tool, src, tmp_path, single, defines)
     entries = {k: v for k, v in rep.items() if "registers" in v and k != "hccc_runtime_gate"}
     kernels = {e["kernel"] for e in man["ranks"]} | {man["grid"]["cuda"]["kernel"]}
+    # the blocks decode their primitives into a table of shared memory at launch (an AllToAll
+    # program's load each one: prim_table.ALLTOALL_TABLE): the table and the block's state, within
+    # CUDA's 48 KiB of static shared memory per block
+    table = man["stats"]["prim_table_bytes"]
+    alltoall = example.startswith("direct_alltoall")
+    assert (man["stats"]["prim_decode"], table > 0) == (("load", False) if alltoall else ("table", True))
+    assert smem and all(table < b <= 48 * 1024 for b in smem), (smem, table)
     assert {re.sub(r"_(?:float32|bfloat16)_(?:sum|max)$", "", k) for k in entries} == kernels
     for name, v in entries.items():
         assert v["registers"] <= BUDGET, (name, v)
@@ -122,17 +164,19 @@ def _check_sass(cubin: Path) -> None:
 
 
 @pytest.mark.parametrize("single", [True, False])
-def test_table_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, single):
+@pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("bfloat16", "max")])
+def test_table_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, dtype, op, single):
     tool = require_tool("nvcc")
     from hccc.compiler.backend.table_codegen import generate_table
     ir = load_program(ROOT / "examples" / "direct_alltoall_8.rccl")
     generate_table(ir, tmp_path, platforms=["cuda"] * ir.nranks)
     man = json.loads((tmp_path / "manifest.json").read_text())
+    assert man["stats"]["prim_decode"] == "load"   # the generic kernels read the program at run time
     src = tmp_path / "all.cu"
-    src.write_text(translation_unit(man, Instance("float32", "sum"), list(range(ir.nranks)), "cuda"))
-    rep = _ptxas(tool, src, tmp_path, single)
+    src.write_text(translation_unit(man, Instance(dtype, op), list(range(ir.nranks)), "cuda"))
+    rep, _ = _ptxas(tool, src, tmp_path, single)
     entries = {k: v for k, v in rep.items() if "registers" in v and k != "hccc_runtime_gate"}
-    assert set(entries) == {"hccc_table_float32_sum", "hccc_table_grid_float32_sum"}, sorted(entries)
+    assert set(entries) == {f"hccc_table_{dtype}_{op}", f"hccc_table_grid_{dtype}_{op}"}, sorted(entries)
     for name, v in entries.items():
         assert v["registers"] <= BUDGET, (name, v)
         assert v["cumulative_stack"] <= STACK_BYTES, (name, v)

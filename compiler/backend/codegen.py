@@ -24,7 +24,7 @@ import numpy as np
 
 from hccc.compiler.backend.file_sink import FileSink
 from hccc.compiler.backend.output_dir import MANIFEST_SCHEMA
-from hccc.compiler.backend import abi
+from hccc.compiler.backend import abi, prim_table
 from hccc.compiler.ir import engine_shape
 from hccc.compiler.backend.prim_fields import pd_columns
 from hccc.compiler.ir.check import check_fifo_order, check_structure
@@ -88,12 +88,19 @@ def replicated_conns(conns, nch: int, stride: int) -> list[tuple[int, int]]:
     return [(int(p), int(ch) + c * stride) for c in range(max(1, nch)) for p, ch in conns]
 
 
-def program_type(collective: str) -> str:
-    """The C++ type of a rank's program in its source: ``hccc_vprogram`` for a blockwise collective
-    (AllToAll: its kernels also run as AllToAllv, so its engine has that path), ``hccc_program``
-    for every other (its engine is compiled without the AllToAllv path, and refuses counts)."""
+def program_type(ir: ProgramIR) -> str:
+    """The C++ type of a rank's program in its source: for a blockwise collective (AllToAll: its
+    kernels also run as AllToAllv, so its engine has that path) ``HCCC_TVPROGRAM(N)`` where its
+    blocks decode their primitives into a table of N entries at launch
+    (:mod:`hccc.compiler.backend.prim_table`), else ``hccc_vprogram``; for every other (its engine
+    is compiled without the AllToAllv path, and refuses counts) ``HCCC_TPROGRAM(N)``, else
+    ``hccc_program``."""
     from hccc.compiler.frontend.collectives import spec_of
-    return "hccc_vprogram" if spec_of(collective).per_pair_counts else "hccc_program"
+    v = spec_of(ir.collective).per_pair_counts
+    n = prim_table.ptable_prims(ir, False)
+    if n:
+        return f"HCCC_TVPROGRAM({n})" if v else f"HCCC_TPROGRAM({n})"
+    return "hccc_vprogram" if v else "hccc_program"
 
 
 def threads_per_tb(nwarps: int, platform: str) -> int:
@@ -114,6 +121,7 @@ def _template_env() -> jinja2.Environment:
     env.globals["abi"] = abi   # every ABI fact the templates print comes from the one source
     env.globals["types"] = dtypes_table   # and every element type and reduction operator
     env.globals["engine"] = engine_shape   # and the copy engine's vectors in flight a thread
+    env.globals["prim_table"] = prim_table   # the decoded-primitive table's budget
     return env
 
 
@@ -452,7 +460,7 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
     common = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks,
-                  program_type=program_type(ir.collective))
+                  program_type=program_type(ir))
     rank_tpl = env.get_template("common/rank.j2")
     rank_entries = []
     sources: dict[str, list[str]] = {pl: [] for pl in present}
@@ -636,9 +644,10 @@ def grid_entries(env: jinja2.Environment, ir: ProgramIR, platforms: list[tuple[s
     return out
 
 
-def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int]) -> dict:
+def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int], decode_table: bool = True) -> dict:
     """The manifest's ``stats``: the IR's own, completed with transfer, sub-pipeline, TB and
-    primitive counts."""
+    primitive counts, and how the kernels decode the primitives (:func:`prim_table.ptable_stats`;
+    ``decode_table`` False: the table mode's generic kernels, which load each one)."""
     stats = ir.record()
     if "transfers" not in stats:      # (not setdefault: the count is a sort of every primitive's task)
         stats["transfers"] = int(np.unique(ir.prims["task"][ir.prims["task"] >= 0]).size)
@@ -649,6 +658,7 @@ def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int]) -> dict:
     stats.setdefault("primitives", int(ir.nprims))
     # a rank's launch: channels x its thread blocks (all resident at once)
     stats["blocks_per_rank_max"] = channel_count(ir) * int(max(ntbs, default=0))
+    stats.update(prim_table.ptable_stats(ir, not decode_table))
     return _jsonable(stats)
 
 

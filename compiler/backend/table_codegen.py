@@ -140,7 +140,7 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
     written["Makefile"] = env.get_template("build/Makefile.j2").render(**build_ctx)
     written["manifest.json"] = manifest_text(
         ir, written, name=name, nthreads=nthreads, codegen="table", headers=TABLE_HEADERS, libraries=libraries,
-        ranks=rank_entries, stats=program_stats(ir, col, ntbs), extra_files=extra_files,
+        ranks=rank_entries, stats=program_stats(ir, col, ntbs, decode_table=False), extra_files=extra_files,
         manifest_extra=manifest_extra, ir=None,
         table={"file": table_file, "format": tf.TABLE_FORMAT, "layout": tf.LAYOUT},
         grid={pl: dict(kernel=GRID_KERNEL, source=GENERIC_SOURCE[pl], blocks=channel_count(ir) * int(sum(ntbs)))

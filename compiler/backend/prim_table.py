@@ -1,0 +1,79 @@
+"""The decoded-primitive table: whether a program's thread blocks decode their primitives once, at
+launch, into shared memory (``hccc_ptable_decode`` in ``hccc_prims.h``), and how many entries.
+
+A block's sync lane needs each primitive decoded (``struct hccc_sprim``: its connections, counters,
+chunk walks and piece template). Without a table it decodes each one when it reaches it
+(``hccc_sprim_load``: a call with dependent global loads, once per primitive, on its loop). With
+one, every thread of the block decodes the block's primitives at launch and the loop reads the
+current one from shared memory. Codegen picks the table at compile time, per program: the
+program's type in its sources is ``hccc_tprogram<N>``, N the most primitives of any of its thread
+blocks, when N entries fit :data:`PTABLE_BUDGET_BYTES`; else the per-primitive load. An
+AllToAll program (its kernels carry the AllToAllv path) takes the per-primitive load for now
+(:data:`ALLTOALL_TABLE`; the engine has its table type, ``hccc_tvprogram<N>``: its entries hold their
+templates at round 0, and another round of an AllToAllv primitive is rebuilt in its entry where the
+cursor moves to it). The table mode's generic kernels (their programs are read at run time) always
+take the per-primitive load.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hccc.compiler.ir import engine_shape
+
+#: bytes of one decoded primitive, ``sizeof(hccc_sprim)`` on every platform (CUDA, HIP, the CPU
+#: emulation: 8-byte pointers) with the engine's default HCCC_DEP_CACHE and HCCC_UNIT_PIECES (a
+#: build setting fewer is smaller); the engine checks the bound (a static_assert rendered from it)
+SPRIM_BYTES = 848
+#: static shared memory a CUDA block may declare (gfx90a / gfx1030: 64 KiB of LDS)
+STATIC_SHARED_BYTES = 48 * 1024
+#: room kept for the block's other state (``hccc_shared``, about 3 KiB)
+OTHER_SHARED_BYTES = 8 * 1024
+#: shared memory a block's table may take: the static limit less the block's other state and the
+#: copy engine's shared-memory vectors on sm_90 (``engine_shape``: every data thread's
+#: ``ASYNC_VECTORS`` 16-byte vectors, 15 KiB), so that table, buffer and state together never pass
+#: the 48 KiB a block may declare. With the table full, a block takes at most 48 KiB of an H100
+#: SM's 228 KiB: four such blocks per SM stay resident, and a rank's blocks (channels x thread
+#: blocks) are spread one or two per SM
+PTABLE_BUDGET_BYTES = (STATIC_SHARED_BYTES - OTHER_SHARED_BYTES
+                       - engine_shape.ASYNC_THREADS * engine_shape.ASYNC_VECTORS * engine_shape.VECTOR_BYTES)
+#: entries the budget holds
+PTABLE_MAX_PRIMS = PTABLE_BUDGET_BYTES // SPRIM_BYTES
+#: whether an AllToAll program decodes its primitives into a table (``hccc_tvprogram<N>``): not yet.
+#: With one, the one-grid entry's engine spills to local memory on sm_90 (direct AllToAll 8 float32
+#: sum, single-GPU and system builds: 20 B of spill stores and 24 B of loads in the grid kernel's
+#: ``hccc_run``, the data loop's invariants, ``ptxas -v`` with nvcc 13.0; the rank kernels none): its
+#: data loop is at the 64-register budget, which the table's code tips over. With the per-primitive
+#: load, no kernel spills (``tests/test_kernel_registers.py``)
+ALLTOALL_TABLE = False
+
+
+def max_block_prims(ir) -> int:
+    """The most primitives of any thread block (rank, tb) of ``ir``."""
+    if ir.nprims == 0:
+        return 0
+    key = np.asarray(ir.prims["rank"], np.int64) * (int(np.max(ir.prims["tb"])) + 1) + ir.prims["tb"]
+    return int(np.bincount(key).max())
+
+
+def ptable_prims(ir, no_table: bool = False) -> int:
+    """Entries of ``ir``'s decoded table (0: the per-primitive load); ``no_table``: the kernels
+    read the program at run time (the table mode's), and so never have one; an AllToAll program has
+    one only where :data:`ALLTOALL_TABLE`."""
+    from hccc.compiler.frontend.collectives import spec_of
+    n = max_block_prims(ir)
+    if no_table or not 0 < n <= PTABLE_MAX_PRIMS:
+        return 0
+    return n if ALLTOALL_TABLE or not spec_of(ir.collective).per_pair_counts else 0
+
+
+def ptable_stats(ir, no_table: bool) -> dict:
+    """The manifest's ``stats`` entries of the choice: ``prim_decode`` (``table``: decoded once at
+    launch into shared memory; ``load``: per primitive), ``prim_table_entries`` and
+    ``prim_table_bytes`` (shared memory per block; 0 without a table)."""
+    n = ptable_prims(ir, no_table)
+    return {"prim_decode": "table" if n else "load", "prim_table_entries": n,
+            "prim_table_bytes": n * SPRIM_BYTES}
+
+
+__all__ = ["SPRIM_BYTES", "STATIC_SHARED_BYTES", "OTHER_SHARED_BYTES", "PTABLE_BUDGET_BYTES", "PTABLE_MAX_PRIMS",
+           "ALLTOALL_TABLE", "max_block_prims", "ptable_prims", "ptable_stats"]
