@@ -74,8 +74,9 @@ def transfers_check(engine: str, topo):
         lim = XmlLimits()
 
         def fits(rows):
-            xml_fits(rows[:, 0], rows[:, 1], n, lim)
-            why = connection_refusal(rows[:, 0], rows[:, 1], rows[:, 5] if rows.shape[1] > 5 else None, n, lim)
+            channel = rows[:, 5] if rows.shape[1] > 5 else None
+            xml_fits(rows[:, 0], rows[:, 1], n, lim, channel=channel)
+            why = connection_refusal(rows[:, 0], rows[:, 1], channel, n, lim)
             if why is not None:
                 raise CompileError([Diagnostic("the algorithm does not fit the MSCCL runtime: " + why, None)])
     else:

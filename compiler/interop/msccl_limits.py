@@ -41,7 +41,8 @@ def _worst(counts: np.ndarray) -> tuple[int, int]:
 def check_algorithm_fits(alg: Algorithm, lim: XmlLimits, *, instances: int = 1, fuse: bool = False) -> None:
     """Raise :class:`CompileError` naming the first runtime limit ``alg``'s MSCCL export must exceed
     (and the option that relaxes it); return quietly when none is certain to be exceeded."""
-    check_transfers_fit(alg.src, alg.dst, int(alg.header.nranks), lim, instances=instances, fuse=fuse)
+    check_transfers_fit(alg.src, alg.dst, int(alg.header.nranks), lim, channel=alg.channels,
+                        instances=instances, fuse=fuse)
 
 
 def connection_refusal(src, dst, channel, nranks: int, lim: XmlLimits) -> str | None:
@@ -71,17 +72,19 @@ def connection_refusal(src, dst, channel, nranks: int, lim: XmlLimits) -> str | 
             f"wait on its receiving ones, whose ids a dependency names only up to {lim.max_dep_tb}")
 
 
-def check_transfers_fit(src, dst, nranks: int, lim: XmlLimits, *, instances: int = 1, fuse: bool = False) -> None:
+def check_transfers_fit(src, dst, nranks: int, lim: XmlLimits, *, channel=None, instances: int = 1,
+                        fuse: bool = False) -> None:
     """:func:`check_algorithm_fits` of a program given by its transfers alone (``src[i] -> dst[i]``
-    on ``nranks`` ranks): what it reads of an Algorithm, so that a program can be checked before
-    it is one (``hccc synth --for msccl`` checks its candidates so)."""
+    on channel ``channel[i]``, None: one channel, on ``nranks`` ranks): what it reads of an
+    Algorithm, so that a program can be checked before it is one (``hccc synth --for msccl``
+    checks its candidates so)."""
     n = int(nranks)
     k = int(instances)
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
     msgs: list[str] = []
     if len(src):
-        ch = np.asarray(alg.channels, dtype=np.int64)
+        ch = np.zeros(src.size, np.int64) if channel is None else np.asarray(channel, dtype=np.int64)
         conns, per_conn = np.unique((src * n + dst) * (int(ch.max()) + 1) + ch, return_counts=True)
         # connections of a pair, each cut into runs of at most max_steps (per instance)
         keys, at = np.unique(conns // (int(ch.max()) + 1), return_inverse=True)
