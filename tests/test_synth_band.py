@@ -25,6 +25,7 @@ from hccc.compiler.synth import to_algorithm
 from hccc.compiler.synth.selection import SCORE_BAND, band_ranked
 from hccc.runtime.simulator import prepare, simulate
 from hccc.synth_api import synthesize_program
+from hccc.util.diagnostics import CompileError
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 
@@ -140,22 +141,29 @@ def test_the_band_writes_the_candidate_of_least_worst_ratio_timed_here():
 
 
 def test_the_command_says_the_band_and_refuses_it_with_a_size(tmp_path, capsys):
+    """``hccc synth --band``: the band's rule and rows in ``--json``, the runner-up by the band's
+    rule on stdout; with ``--size`` or another method: a one-line refusal, exit 1, nothing
+    written. The API takes any band (``band=``), checked as the command checks sizes."""
     topo = CLUSTERS / "heteccl_fig10.topo"
     out = tmp_path / "ag.rccl"
-    assert main(["synth", str(topo), "--collective", "allgather", "--band", "64K,1M", "-o", str(out), "--json"]) == 0
+    assert main(["synth", str(topo), "--collective", "allgather", "--band", "-o", str(out), "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     band = s["selection"]["band"]
-    assert band["sizes"] == [64 << 10, 1 << 20] and s["selection"]["rule"].startswith("across the band")
-    assert "scored across the band (64K, 1M)" in out.read_text()
+    assert band["sizes"] == list(SCORE_BAND) and s["selection"]["rule"].startswith("across the band")
+    assert [r["bytes"] for r in band["per_size"]] == list(SCORE_BAND)
     assert main(["synth", str(topo), "--collective", "allgather", "--band", "-o", str(out)]) == 0
-    assert "across the band at most " in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "across the band at most " in said and ", runner-up " in said
     for extra, says in ((["--size", "64K"], "--band applies without --size"),
-                        (["--method", "trees"], "--band compares every candidate: it applies to --method auto"),
-                        (["--band", "4K,4096"], "--band: 4K is given twice")):
+                        (["--method", "trees"], "--band compares every candidate: it applies to --method auto")):
         bad = tmp_path / "bad.rccl"
-        args = ["synth", str(topo), "--collective", "allgather", "-o", str(bad)] + \
-            (extra if extra[0] == "--band" else ["--band"] + extra)
-        assert main(args) == 1
+        assert main(["synth", str(topo), "--collective", "allgather", "--band", "-o", str(bad)] + extra) == 1
         err = capsys.readouterr().err
         assert says in err and "Traceback" not in err
         assert not bad.exists()
+    two = synthesize_program(topo, "allgather", band=[64 << 10, 1 << 20], time_limit=60.0)
+    assert two.summary["selection"]["band"]["sizes"] == [64 << 10, 1 << 20]
+    assert "scored across the band (64K, 1M)" in two.text
+    for band_, says in (([4 << 10, 4096], "--band: 4K is given twice"), ([0], "--band: expected whole numbers")):
+        with pytest.raises(CompileError, match=says):
+            synthesize_program(topo, "allgather", band=band_)

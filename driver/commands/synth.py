@@ -24,7 +24,9 @@ said on stderr. docs/synthesis.md: how channels are chosen.
 
 Under ``--method auto`` every program it could write is a candidate (the tree packing, the step
 search, hccc's generators that fit the cluster), timed by the simulator at the size; the fastest is
-written, and the report names the runner-up and its ratio (``"selection"`` in ``--json``).
+written, and the report names the runner-up and its ratio (``"selection"`` in ``--json``). With
+``--band`` (no ``--size``) each candidate is timed at every size of the band (4K to 1G) and the one
+whose worst ratio to the fastest at each size is least is written (``"selection"["band"]``).
 The command only reads its options, wires the simulator and a progress display into the selection
 loop (:func:`hccc.synth_select.synthesize_programs`) and writes what it returns:
 :func:`hccc.synthesize` with the same options returns the same bytes.
@@ -97,10 +99,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", type=comma_list(parse_size, "sizes"), default=None, metavar="BYTES[,BYTES...]",
                    help="message size(s) the program is made for (default: --select-size); with several sizes "
                         "one program per size is written, named ALGO_<size>.rccl, each by the method its size picks")
-    p.add_argument("--band", nargs="?", type=comma_list(parse_size, "sizes"), const=SCORE_BAND, default=None,
-                   metavar="BYTES,BYTES...",
-                   help="without --size: score every candidate at each size of a band (default: "
-                        f"{','.join(format_size(s) for s in SCORE_BAND)}) and write the one whose worst ratio to "
+    p.add_argument("--band", action="store_const", const=SCORE_BAND, default=None,
+                   help="without --size: score every candidate at each size of the band ("
+                        f"{', '.join(format_size(s) for s in SCORE_BAND)}) and write the one whose worst ratio to "
                         "the fastest at each size is least (ties: fewer transfers); the report gives, per size, the "
                         "fastest candidate, the written program's ratio to it and the runner-up. Without it the "
                         "candidates are compared at --select-size alone; with --size, at each size alone")
