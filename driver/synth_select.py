@@ -35,7 +35,7 @@ from hccc.util.limits import printable
 from hccc.util.plural import plural
 from hccc.util.sizes import format_size
 from hccc.compiler.synth.plan import SynthOptions, SynthPlan
-from hccc.compiler.synth.selection import BAND_RULE, SelectionLoop
+from hccc.compiler.synth.selection import BAND_RULE, BandScore, SelectionLoop
 
 #: ``--method auto`` packs trees from this many bytes per rank (the bandwidth regime: chunks large
 #: enough to pipeline); below it the step search, whose few rounds pay fewer latencies
@@ -851,6 +851,11 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
         extra.append(f"time limit: candidates not made or not simulated: {', '.join(selection['time_limit_cut'])}")
     if band is not None:
         extra += _band_lines(selection["band"], selection["kept"], len(choices))
+    elif opts.band and not opts.sizes:
+        extra.append("not scored across the band: " + (
+            f"over {SIMULATE_MAX_RANKS} GPUs, nothing is simulated" if not simulated else
+            "--no-sim-select: the candidates are not compared" if not opts.sim_select else
+            "simulator not installed" if not sims.available else "fewer than two candidates simulated"))
     elif selection["runner_up"] is not None and selection["kept"] is not None:
         run = selection["runner_up"]
         extra.append(f"kept the {selection['kept']} program, the fastest of {len(choices)} candidates in the "
@@ -913,7 +918,10 @@ def _band_report(band: Band, kept: str | None) -> dict:
     candidate there, the kept one's ratio to it and the runner-up there (the fastest other than
     the kept one, ``ratio``: its time over the kept one's); ``not_timed``: the sizes the work
     budget or the deadline left untimed, by candidate."""
-    me = next((b for b in band.ranked if b.name == kept), band.ranked[0])
+    # (the kept program is not among them where --for's engine took another)
+    me = next((b for b in band.ranked if b.name == kept), None)
+    if me is None:
+        me = BandScore(str(kept), 0, (None,) * len(band.sizes), (None,) * len(band.sizes))
     per_size = []
     for j, s in enumerate(band.sizes):
         timed = [b for b in band.ranked if b.seconds[j] is not None]

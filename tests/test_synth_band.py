@@ -167,3 +167,11 @@ def test_the_command_says_the_band_and_refuses_it_with_a_size(tmp_path, capsys):
     for band_, says in (([4 << 10, 4096], "--band: 4K is given twice"), ([0], "--band: expected whole numbers")):
         with pytest.raises(CompileError, match=says):
             synthesize_program(topo, "allgather", band=band_)
+
+
+def test_a_band_nothing_compares_is_said_not_scored():
+    """``--no-sim-select`` compares no candidate: the program says the band was not scored."""
+    prog = synthesize_program(CLUSTERS / "heteccl_fig10.topo", "allgather", band=SCORE_BAND, sim_select=False,
+                              time_limit=30.0)
+    assert "band" not in prog.summary["selection"]
+    assert "# not scored across the band: --no-sim-select: the candidates are not compared" in prog.text
