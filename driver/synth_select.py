@@ -528,7 +528,7 @@ def _select(opts, topo, size: int, deadline: float, phase, method: str | None = 
         # no size asked: every candidate scored at each size of the band, the least worst kept
         phase.update(f"simulating {plural(len(best), 'candidate')} across the band")
         band = _band(best, sims, loop.bound, opts.band, size, deadline)
-        kept = next(c for c in best if c.name == band.ranked[0].name)
+        kept = band.choices[band.ranked[0].index]
     # the methods tried (a job the deadline left unmade was not tried: the selection lists it)
     tried = {c.name: c.fraction for c in choices if c.name in ("trees", "search", "default")
              and not (c.dropped or "").startswith("not made")}
@@ -539,12 +539,13 @@ def _select(opts, topo, size: int, deadline: float, phase, method: str | None = 
 class Band:
     """The selection across a band (``--band``): its sizes, the candidates ranked by
     :data:`~hccc.compiler.synth.selection.BAND_RULE` (:class:`~hccc.compiler.synth.selection.BandScore`,
-    best first), and the sizes whose simulations the work budget or the deadline stopped, by
-    candidate (``cut``)."""
+    best first; ``index``: the :class:`Choice` in ``choices``), and the sizes whose simulations the
+    work budget or the deadline stopped, by candidate (``cut``)."""
 
     sizes: tuple
     ranked: list
     cut: dict
+    choices: list
 
 
 def _band(best: list, sims: "Simulations", bound: dict, sizes: tuple, size: int, deadline: float) -> Band:
@@ -565,7 +566,7 @@ def _band(best: list, sims: "Simulations", bound: dict, sizes: tuple, size: int,
         if missed:
             cut[c.name] = missed
     ranked_ = band_ranked([c.name for c in best], [c.result.ntransfers for c in best], rows)
-    return Band(tuple(int(s) for s in sizes), ranked_, cut)
+    return Band(tuple(int(s) for s in sizes), ranked_, cut, list(best))
 
 
 class _Choices(SelectionLoop):
@@ -726,8 +727,8 @@ class _Choices(SelectionLoop):
         best = ranked(self.candidates)
         if self.method == "search" or (opts.band and not opts.sizes):
             # beside the programs in hand, and across a band (whose small sizes the search's few
-            # rounds may lead, whatever the programs in hand reach at this one): greedy only (its variants rated by the simulator), a
-            # search bounded by its own work, not by seconds, so that every machine writes the
+            # rounds may lead, whatever the programs in hand reach at this one): greedy only (its
+            # variants rated by the simulator), a search bounded by its own work, not by seconds, so that every machine writes the
             # same program (z3's repairs and shortening run until a deadline, which would take
             # the whole limit from the programs in hand); the limit is the user's cap, leaving
             # time to simulate the program as long as the longest simulation took
@@ -899,8 +900,8 @@ def _selection_report(choices: list, result, fraction, band: "Band | None" = Non
         out = {"rule": BAND_RULE_TEXT, "kept": kept.name if kept is not None else None,
                "candidates": [c.as_dict(fraction) for c in choices],
                "time_limit_cut": [c.name for c in choices if c.dropped and "time limit" in c.dropped]}
-        out["band"] = _band_report(band, out["kept"])
-        run = next((b for b in band.ranked if b.name != out["kept"]), None)
+        out["band"] = _band_report(band, kept)
+        run = next((b for b in band.ranked if band.choices[b.index] is not kept), None)
         out["runner_up"] = None if run is None else {"candidate": run.name, "ratio": run.worst}
         return out
     others = [c for c in ranked(choices) if c is not kept]
@@ -912,21 +913,21 @@ def _selection_report(choices: list, result, fraction, band: "Band | None" = Non
                                                       "ratio": (fraction / runner.fraction) if fraction else None}}
 
 
-def _band_report(band: Band, kept: str | None) -> dict:
+def _band_report(band: Band, kept: "Choice | None") -> dict:
     """``--json``'s ``selection.band``: the sizes, the kept program's worst ratio, every candidate's
     times and ratios per size (``candidates``, best by the rule first), and per size the fastest
     candidate there, the kept one's ratio to it and the runner-up there (the fastest other than
     the kept one, ``ratio``: its time over the kept one's); ``not_timed``: the sizes the work
     budget or the deadline left untimed, by candidate."""
     # (the kept program is not among them where --for's engine took another)
-    me = next((b for b in band.ranked if b.name == kept), None)
+    me = next((b for b in band.ranked if band.choices[b.index] is kept), None)
     if me is None:
-        me = BandScore(str(kept), 0, (None,) * len(band.sizes), (None,) * len(band.sizes))
+        me = BandScore(kept.name if kept is not None else "", 0, (None,) * len(band.sizes), (None,) * len(band.sizes))
     per_size = []
     for j, s in enumerate(band.sizes):
         timed = [b for b in band.ranked if b.seconds[j] is not None]
         fastest = min(timed, key=lambda b: b.seconds[j], default=None)
-        others = [b for b in timed if b.name != me.name]
+        others = [b for b in timed if b is not me]
         run = min(others, key=lambda b: b.seconds[j], default=None)
         per_size.append({"bytes": int(s), "best": fastest.name if fastest else None, "kept_ratio": me.ratios[j],
                          "runner_up": None if run is None or me.seconds[j] is None else

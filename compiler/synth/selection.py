@@ -96,12 +96,14 @@ BAND_RULE = ("the least worst ratio, over the band's sizes, of the candidate's s
 @dataclass(frozen=True)
 class BandScore:
     """One candidate across a band: its name, its transfers, its simulated seconds at each size of
-    the band (None: not timed there) and its ratio to the fastest there (None: not timed)."""
+    the band (None: not timed there), its ratio to the fastest there (None: not timed) and its
+    place in the list ranked (``index``: two candidates may share a name)."""
 
     name: str
     transfers: int
     seconds: tuple
     ratios: tuple
+    index: int = -1
 
     @property
     def worst(self) -> float:
@@ -119,8 +121,9 @@ def band_ranked(names: Sequence[str], transfers: Sequence[int], seconds: Sequenc
         raise ValueError("every candidate needs one time (or None) per size of the band")
     best = [min((row[j] for row in seconds if row[j] is not None), default=None) for j in range(nsizes)]
     scores = [BandScore(str(n), int(k), tuple(row),
-                        tuple(None if t is None or b is None else (t / b if b > 0 else 1.0) for t, b in zip(row, best)))
-              for n, k, row in zip(names, transfers, seconds)]
+                        tuple(None if t is None or b is None else (t / b if b > 0 else 1.0) for t, b in zip(row, best)),
+                        i)
+              for i, (n, k, row) in enumerate(zip(names, transfers, seconds))]
     order = sorted(range(len(scores)), key=lambda i: (scores[i].worst, scores[i].transfers, i))
     return [scores[i] for i in order]
 
