@@ -1462,7 +1462,9 @@ def _fit_channels(result, topo, nbytes: int, sims: Simulations, tol: float = FIT
     when the program runs within ``tol`` of the cut bound with it, that count is confirmed without
     simulating the unlimited program (which can only be slower than the bound); else the unlimited
     time is simulated and ``CHANNEL_STEPS`` bisected (taking the time as non-increasing in
-    channels: each block's share only grows). Where only one count keeps every thread block
+    channels: each block's share only grows), then the count goes up while the next gains more
+    than ``tol`` (a call's slice follows its channels, which the unlimited time, at one channel's
+    slices, does not show). Where only one count keeps every thread block
     resident, that count is simulated once and kept. Sets ``result.detail["channels"]`` (and
     ``"channels_fitted"``: whether the simulations confirmed it) and returns the simulated seconds
     with them; None without the simulator, when the program cannot be simulated, or when
