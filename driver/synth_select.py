@@ -15,8 +15,9 @@ Stages, in order, per size (docs/architecture.md, *Synthesis*):
    :data:`~hccc.compiler.synth.plan.AUTO_SEARCH_BELOW`);
 3. **fit**: channels (:func:`_fit_channels`) and slices (:func:`_thin_slices`) by the evaluator;
 4. **compare**: every candidate timed by the same evaluator at the size asked, the fastest kept
-   (:func:`ranked`), the runner-up and its ratio reported; ``--for`` keeps only what that engine
-   exports (:mod:`hccc.synth_engines`);
+   (:func:`ranked`), the runner-up and its ratio reported; with ``--band`` and no ``--size``
+   each also timed at every size of the band and the least worst ratio kept (:func:`_band`);
+   ``--for`` keeps only what that engine exports (:mod:`hccc.synth_engines`);
 5. **emit**: the choices as a :class:`~hccc.compiler.synth.plan.SynthPlan`, the text by
    :func:`hccc.compiler.synth.emit.to_rccl`.
 
