@@ -11,7 +11,7 @@ verified Algorithm the compiler takes, the plan and the report), :func:`synthesi
 
 The options are :class:`~hccc.compiler.synth.plan.SynthOptions`' fields (``hccc synth``'s options
 by their Python names: ``root``, ``chunks_per_rank``, ``time_limit``, ``pod_size``, ``smt``,
-``variants``, ``select_size``, ``sim_select``, ``method``, ``sizes``, ``engine``); the same options
+``variants``, ``select_size``, ``sim_select``, ``method``, ``sizes``, ``band``, ``engine``); the same options
 give the same bytes as the command, which runs the same selection (:mod:`hccc.synth_select`).
 """
 from __future__ import annotations
@@ -56,11 +56,12 @@ def _request(cluster, collective, options: dict):
         raise TypeError(f"synthesize() got unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     from hccc.compiler.cluster.topology import Topology
 
-    sizes = options.get("sizes")
-    if sizes is None:
-        options.pop("sizes", None)
-    elif isinstance(sizes, Iterable) and not isinstance(sizes, (str, bytes)):
-        options["sizes"] = tuple(sizes)     # any iterable of sizes, each checked as given; else refused as is
+    for key in ("sizes", "band"):
+        sizes = options.get(key)
+        if sizes is None:
+            options.pop(key, None)
+        elif isinstance(sizes, Iterable) and not isinstance(sizes, (str, bytes)):
+            options[key] = tuple(sizes)    # any iterable of sizes, each checked as given; else refused as is
     if isinstance(options.get("method"), str):
         options["method"] = options["method"].lower()     # as the command takes it
     if isinstance(cluster, (str, Path)):

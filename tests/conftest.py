@@ -409,8 +409,13 @@ def alpha_beta_costs(monkeypatch):
     (kernel_cost.SIM_COSTS None), and a block's rate on 64 KiB units with their fixed costs folded
     in (kernel_cost.FOLDED_BLOCK_GBPS, where synthesis reads the default per-block limit) instead of
     its rate beyond them. For the tests of mechanisms whose worked examples need that simulator
-    (thin slices winning: with the units charged they lose on these examples)."""
+    (thin slices winning: with the units charged they lose on these examples).
+
+    The simulator's functions take the default rate as a default argument, bound when their module
+    is imported: they are imported here before the rate is patched, so they keep the measured rate
+    whichever test imported them first (a test that compares with synthesis' simulations passes
+    ``block_gbps=sim_model.DEFAULT_BLOCK_GBPS``, the rate synthesis reads, explicitly)."""
     from hccc.compiler.passes import kernel_cost
-    from hccc.runtime import sim_model
+    from hccc.runtime import sim_alltoallv, sim_model, sim_periodic, simulator  # noqa: F401 (before the patch)
     monkeypatch.setattr(kernel_cost, "SIM_COSTS", None)
     monkeypatch.setattr(sim_model, "DEFAULT_BLOCK_GBPS", kernel_cost.FOLDED_BLOCK_GBPS)

@@ -265,7 +265,7 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, plan: SynthPlan |
     from hccc.compiler.synth.classic import DESCRIPTIONS
     made_by = ("bandwidth-optimal spanning-tree packing" if plan.method == "trees" else
                "HeteCCL-style chunking, greedy + CEGIS with z3" if plan.method == "search" else
-               f"the fastest candidate: {DESCRIPTIONS.get(plan.method, plan.method)}")
+               f"the candidate kept: {DESCRIPTIONS.get(plan.method, plan.method)}")
     lines = [
         f"# Synthesised by hccc synth ({made_by})",
         f"# cluster: {name} ({plural(result.nranks, 'GPU')}"

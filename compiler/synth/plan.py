@@ -46,6 +46,8 @@ class SynthOptions:
     sim_select: bool = True
     method: str = "auto"
     sizes: tuple[int, ...] = ()              # () : one program, for select_size
+    band: tuple[int, ...] = ()               # without sizes: every candidate scored at each of these
+                                             # (selection.band_ranked); () : at select_size alone
     engine: str | None = None                # one of ENGINE_CHOICES: fit that engine's limits
     cluster_name: str | None = None          # written in the header comment (the file's name)
     auto_search_below: float = AUTO_SEARCH_BELOW

@@ -13,11 +13,18 @@ one only where :meth:`~SelectionLoop.affordable` says the work it needs fits bef
 (by default: twice the longest step so far, as long again for the caller's work on the program),
 so a candidate whose construction would outlast its budget is not waited on: the loop ends there
 and :meth:`~SelectionLoop.cut` is told how many jobs were not run, for the report.
+
+Across a band of sizes (``hccc synth --band``) the candidates, each timed at every size of the
+band, are ranked by :func:`band_ranked` (:data:`BAND_RULE`): one program cannot be the fastest at
+4 KiB and at 1 GiB, so the one kept is the one whose worst ratio to the fastest at each size is
+least, ties to the smaller program (fewer transfers), then to the one made first.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 from hccc.util import clock
 
@@ -77,4 +84,48 @@ class SelectionLoop:
         return self.candidates
 
 
-__all__ = ["SelectionLoop"]
+#: the message sizes ``hccc synth --band`` scores every candidate at, where no ``--size`` is given:
+#: 4 KiB, 64 KiB, 1 MiB, 64 MiB and 1 GiB, the sizes the selection's guarantee is measured at
+#: (``benchmarks/synth_candidates.py``), from the latency regime to the bandwidth regime
+SCORE_BAND = (4 << 10, 64 << 10, 1 << 20, 64 << 20, 1 << 30)
+#: how :func:`band_ranked` orders candidates timed across a band
+BAND_RULE = ("the least worst ratio, over the band's sizes, of the candidate's simulated time to the fastest "
+             "candidate's there; ties to the fewer transfers, then to the one made first")
+
+
+@dataclass(frozen=True)
+class BandScore:
+    """One candidate across a band: its name, its transfers, its simulated seconds at each size of
+    the band (None: not timed there), its ratio to the fastest there (None: not timed) and its
+    place in the list ranked (``index``: two candidates may share a name)."""
+
+    name: str
+    transfers: int
+    seconds: tuple
+    ratios: tuple
+    index: int = -1
+
+    @property
+    def worst(self) -> float:
+        """Its worst ratio over the band (infinity where a size did not time it)."""
+        return max((math.inf if r is None else r for r in self.ratios), default=math.inf)
+
+
+def band_ranked(names: Sequence[str], transfers: Sequence[int], seconds: Sequence[Sequence]) -> list[BandScore]:
+    """The candidates (``names`` in the order made, their ``transfers``, ``seconds[i][j]``: the
+    i-th's simulated seconds at the band's j-th size, None where not timed) ranked by
+    :data:`BAND_RULE`, best first. The fastest at a size is taken over the candidates timed there;
+    one not timed at some size ranks after every one timed at all (its worst ratio is infinite)."""
+    nsizes = len(seconds[0]) if len(seconds) else 0
+    if any(len(row) != nsizes for row in seconds):
+        raise ValueError("every candidate needs one time (or None) per size of the band")
+    best = [min((row[j] for row in seconds if row[j] is not None), default=None) for j in range(nsizes)]
+    scores = [BandScore(str(n), int(k), tuple(row),
+                        tuple(None if t is None or b is None else (t / b if b > 0 else 1.0) for t, b in zip(row, best)),
+                        i)
+              for i, (n, k, row) in enumerate(zip(names, transfers, seconds))]
+    order = sorted(range(len(scores)), key=lambda i: (scores[i].worst, scores[i].transfers, i))
+    return [scores[i] for i in order]
+
+
+__all__ = ["BAND_RULE", "BandScore", "SCORE_BAND", "SelectionLoop", "band_ranked"]

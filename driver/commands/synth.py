@@ -24,7 +24,9 @@ said on stderr. docs/synthesis.md: how channels are chosen.
 
 Under ``--method auto`` every program it could write is a candidate (the tree packing, the step
 search, hccc's generators that fit the cluster), timed by the simulator at the size; the fastest is
-written, and the report names the runner-up and its ratio (``"selection"`` in ``--json``).
+written, and the report names the runner-up and its ratio (``"selection"`` in ``--json``). With
+``--band`` (no ``--size``) each candidate is timed at every size of the band (4K to 1G) and the one
+whose worst ratio to the fastest at each size is least is written (``"selection"["band"]``).
 The command only reads its options, wires the simulator and a progress display into the selection
 loop (:func:`hccc.synth_select.synthesize_programs`) and writes what it returns:
 :func:`hccc.synthesize` with the same options returns the same bytes.
@@ -45,6 +47,7 @@ from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
 from hccc.util.limits import printable
 from hccc.compiler.synth.plan import AUTO_SEARCH_BELOW, COLLECTIVES, METHOD_CHOICES, SynthOptions
+from hccc.compiler.synth.selection import SCORE_BAND
 # the selection lives in hccc.synth_select; its names stay importable from here
 from hccc.synth_select import (CHANNEL_STEPS, DEFAULT_MADE, FIT_TOLERANCE, SIMULATE_MAX_RANKS,  # noqa: F401
                                         THIN_CHOOSE_MOST,
@@ -96,6 +99,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", type=comma_list(parse_size, "sizes"), default=None, metavar="BYTES[,BYTES...]",
                    help="message size(s) the program is made for (default: --select-size); with several sizes "
                         "one program per size is written, named ALGO_<size>.rccl, each by the method its size picks")
+    p.add_argument("--band", action="store_const", const=SCORE_BAND, default=None,
+                   help="without --size: score every candidate at each size of the band ("
+                        f"{', '.join(format_size(s) for s in SCORE_BAND)}) and write the one whose worst ratio to "
+                        "the fastest at each size is least (ties: fewer transfers); the report gives, per size, the "
+                        "fastest candidate, the written program's ratio to it and the runner-up. Without it the "
+                        "candidates are compared at --select-size alone; with --size, at each size alone")
     p.add_argument("--for", dest="engine", choices=("hccc", "msccl", "mscclpp", "xml"), default=None,
                    help="the engine the program is for: 'hccc' (the default; the report names the other engines "
                         "that refuse the program and why), 'msccl' or 'xml' (the MSCCL executor, hccc xml) or "
@@ -117,7 +126,8 @@ def options(args, cluster_name: str) -> SynthOptions:
     return SynthOptions(collective=args.collective, root=args.root or 0, chunks_per_rank=args.chunks_per_rank,
                         time_limit=float(args.time_limit), pod_size=args.pod_size, smt=not args.no_smt,
                         variants=args.variants, select_size=int(args.select_size), sim_select=not args.no_sim_select,
-                        method=args.method, sizes=tuple(args.size or ()), engine=args.engine,
+                        method=args.method, sizes=tuple(args.size or ()), band=tuple(args.band or ()),
+                        engine=args.engine,
                         cluster_name=cluster_name)
 
 
@@ -184,7 +194,13 @@ def _say(p, summary: dict, out: Path) -> None:
              if summary["method"] != "search" else f"lower bound {result.lower_bound_steps}, {gap}")
     selection = summary.get("selection") or {}
     run = selection.get("runner_up")
-    if run is not None and run["ratio"] is not None:
+    band = selection.get("band")
+    if band is not None:
+        frac += (f"; across the band at most {band['worst_ratio']:.3f}x the fastest at each size"
+                 if band["worst_ratio"] is not None else "; across the band: not timed at every size")
+        if run is not None and run["ratio"] is not None:
+            frac += f", runner-up {run['candidate']} at most {run['ratio']:.3f}x"
+    elif run is not None and run["ratio"] is not None:
         frac += f"; runner-up {run['candidate']} at {run['ratio']:.3f}x its time"
     if selection.get("time_limit_cut"):
         frac += f"; time limit: {plural(len(selection['time_limit_cut']), 'candidate')} not scored"
