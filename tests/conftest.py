@@ -38,7 +38,7 @@ OPTIMISED_RERUN = ("test_kernels_property.py", "test_channels.py", "test_direct_
 
 
 def pytest_configure(config):
-    """README's command (the default ``-m 'not slow'``) and the slow set (``-m slow``, CI's second
+    """README's command (the default ``-m 'not slow and not sweep'``) and the slow set (``-m slow``, CI's second
     command) build the CPU emulation's kernels at -O0: g++ takes about half as long, and a cold run
     compiles hundreds of them. The emitted source, the emulation header and every check are the
     same; the slow set reruns the kernel property tests (:data:`OPTIMISED_RERUN`) with the
@@ -46,7 +46,7 @@ def pytest_configure(config):
     HCCC_CPU_OPT always wins."""
     global DEFAULT_RUN_AT_O0
     if "HCCC_CPU_OPT" not in os.environ and \
-            (config.option.markexpr or "").replace(" ", "") in ("notslow", "slow"):
+            (config.option.markexpr or "").replace(" ", "") in ("notslowandnotsweep", "notslow", "slow", "sweep"):
         os.environ["HCCC_CPU_OPT"] = "-O0"
         os.environ["HCCC_CPU_OPT_SET_BY_TESTS"] = "-O0"     # pytest-xdist's workers inherit both
         DEFAULT_RUN_AT_O0 = True
