@@ -5,7 +5,10 @@ A unit of an op costs its fixed part plus its loads (:func:`unit_seconds`: the r
 moved :mod:`hccc.runtime.kernel_traffic` counts); a program's units form a graph
 (:func:`unit_graph`: a block's order, dependencies and messages one hop each, slot back-pressure
 one hop back, ``abi.NSLOTS`` slots a connection), and a call takes the launch plus the longest
-path through it, or the HBM bound if longer (:func:`program_time`). It lives in the runtime
+path through it, or the HBM bound if longer (:func:`program_time`). A receive group the kernels
+run as N-source units (:mod:`hccc.compiler.ir.reduce_groups`) is one unit a micro-batch
+(:func:`merge_groups`): a RECV_REDUCE_COPY unit's fixed cost (one round of waits, one post) and
+the loads of its ``k`` received regions and its source, every message into it one hop. It lives in the runtime
 layer because it counts the kernels' traffic as the emitted kernels move it.
 """
 from __future__ import annotations
@@ -19,7 +22,7 @@ from hccc.compiler.ir.program_ir import Op
 from hccc.compiler.passes.kernel_cost import LL_DATA_FRACTION, KernelCosts, unit_class
 from hccc.runtime.kernel_traffic import DIRECT_COST, HBM_COST, prim_bytes, traffic
 
-__all__ = ["MAX_UNITS", "unit_seconds", "ProgramTime", "unit_graph", "program_time"]
+__all__ = ["MAX_UNITS", "unit_seconds", "ProgramTime", "unit_graph", "merge_groups", "program_time"]
 
 #: The most units (primitives x micro-batches) :func:`program_time` composes: its graph's memory and
 #: time grow with them (about 100 bytes and a microsecond a unit); a call past it is refused.
@@ -27,13 +30,15 @@ MAX_UNITS = 20_000_000
 
 
 def unit_seconds(costs: KernelCosts, op: int, moved: float, warps: float, proto: str = "simple", *,
-                 direct: bool = False) -> float:
+                 direct: bool = False, sources: int = 1) -> float:
     """One unit, at ``costs``, of ``op`` (an :class:`Op` code) moving ``moved`` payload bytes on a block of
     ``warps`` warps under ``proto``: its fixed cost plus its loads' time (reads per byte
     moved as ``kernel_traffic`` counts them; ``direct``: a receive proven direct-safe, whose
-    data the sender wrote; an LL line carries :data:`LL_DATA_FRACTION` of data)."""
+    data the sender wrote; an LL line carries :data:`LL_DATA_FRACTION` of data). ``sources``: the
+    receives an N-source unit reduces (a receive group of that many rows; each received region
+    past the first is one more read per byte)."""
     from hccc.runtime.kernel_traffic import DIRECT_COST, HBM_COST
-    reads = (DIRECT_COST if direct else HBM_COST)[Op(int(op))][0]
+    reads = (DIRECT_COST if direct else HBM_COST)[Op(int(op))][0] + max(0, int(sources) - 1)
     loads = moved * reads / (LL_DATA_FRACTION if proto == "ll" else 1.0)
     return costs.fixed_seconds(unit_class(op), warps, proto) + costs.bytes_seconds(loads, warps)
 
@@ -95,6 +100,24 @@ def unit_graph(program, m: int, nslots: int | None = NSLOTS):
     return n * m, es, ed, ek, m
 
 
+def merge_groups(program, m: int, src, dst, kind, groups):
+    """The unit graph with each receive group's rows run as one unit a micro-batch: micro-batch
+    ``i`` of every row of a group becomes micro-batch ``i`` of its first row (the messages into the
+    rows, their slots' back-pressure and the dependencies on its last row then meet one node), and
+    the block order between the group's rows is gone. Returns ``(src, dst, kind)``; the other rows'
+    nodes are left without edges."""
+    if not groups:
+        return src, dst, kind
+    n = int(program.nprims)
+    head = np.arange(n, dtype=np.int64)
+    for s, k in groups:
+        head[s:s + k] = s
+    pa, pb = src // m, dst // m
+    keep = ~((head[pa] == head[pb]) & (pa != pb))      # the order between a group's rows
+    src, dst, kind = src[keep], dst[keep], kind[keep]
+    return head[src // m] * m + src % m, head[dst // m] * m + dst % m, kind
+
+
 def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, warps: int, proto: str = "simple",
                  element_bytes: int = 4, nslots: int | None = None, direct: bool = True,
                  one_gpu: bool = True) -> ProgramTime:
@@ -134,9 +157,16 @@ def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, 
         per_rank = np.bincount(np.array([r for r, _ in pairs], dtype=np.int64)) if pairs else np.zeros(1, np.int64)
         launched = int(per_rank.max()) * k
         t_hbm /= max(1, int(program.nranks))
-    cost = np.array([unit_seconds(costs, int(o), float(b), warps, proto, direct=bool(d))
-                     for o, b, d in zip(ops.tolist(), moved.tolist(), is_direct.tolist())])
+    from hccc.compiler.ir.reduce_groups import reduce_groups
+    groups = reduce_groups(program, np.where(is_direct, 2, 0) if is_direct.any() else None)
+    sources = np.ones(len(ops), np.int64)
+    for s, g in groups:
+        sources[s] = g
+        sources[s + 1:s + g] = 0          # (run inside the first row's units)
+    cost = np.array([unit_seconds(costs, int(o), float(b), warps, proto, direct=bool(d), sources=int(c)) if c else 0.0
+                     for o, b, d, c in zip(ops.tolist(), moved.tolist(), is_direct.tolist(), sources.tolist())])
     nodes, src, dst, kind, m = unit_graph(program, m, slots or None)
+    src, dst, kind = merge_groups(program, m, src, dst, kind, groups)
     finish, hops, units, waits = _longest(nodes, src, dst, kind, np.repeat(cost, m), costs.hop_seconds())
     launch = costs.launch_seconds(launched)
     return ProgramTime(total=launch + max(finish, t_hbm), launch=launch, path=finish, hbm=t_hbm, units=units,
