@@ -8,7 +8,13 @@ one hop back, ``abi.NSLOTS`` slots a connection), and a call takes the launch pl
 path through it, or the HBM bound if longer (:func:`program_time`). A receive group the kernels
 run as N-source units (:mod:`hccc.compiler.ir.reduce_groups`) is one unit a micro-batch
 (:func:`merge_groups`): a RECV_REDUCE_COPY unit's fixed cost (one round of waits, one post) and
-the loads of its ``k`` received regions and its source, every message into it one hop. It lives in the runtime
+the loads of its ``k`` received regions and its source, every message into it one hop. Under LL,
+a fused LL chain (:func:`ll_chains`: consecutive fused primitives of a block on one pair of
+connections, which the data threads run line by line, handed over once) costs its lines' loads at
+every unit, and its hand-over one unit's fixed cost after the block's previous unit (or the
+launch), which it waits for no data to take: its units wait for no barrier, fence or sync lane,
+so a line's path through a rank is a hop and the line's move (a structural reading of the
+engine, not a measurement). It lives in the runtime
 layer because it counts the kernels' traffic as the emitted kernels move it.
 """
 from __future__ import annotations
@@ -22,7 +28,8 @@ from hccc.compiler.ir.program_ir import Op
 from hccc.compiler.passes.kernel_cost import LL_DATA_FRACTION, KernelCosts, unit_class
 from hccc.runtime.kernel_traffic import DIRECT_COST, HBM_COST, prim_bytes, traffic
 
-__all__ = ["MAX_UNITS", "unit_seconds", "ProgramTime", "unit_graph", "merge_groups", "program_time"]
+__all__ = ["MAX_UNITS", "CHAIN_PRIMS", "CHAIN_PIECES", "unit_seconds", "ProgramTime", "unit_graph", "ll_chains",
+           "merge_groups", "program_time"]
 
 #: The most units (primitives x micro-batches) :func:`program_time` composes: its graph's memory and
 #: time grow with them (about 100 bytes and a microsecond a unit); a call past it is refused.
@@ -100,6 +107,44 @@ def unit_graph(program, m: int, nslots: int | None = NSLOTS):
     return n * m, es, ed, ek, m
 
 
+#: the engine's HCCC_CHAIN_PRIMS and HCCC_UNIT_PIECES: the most primitives a fused LL chain holds,
+#: the most chunks each
+CHAIN_PRIMS = 8
+CHAIN_PIECES = 8
+
+
+def ll_chains(program) -> list[range]:
+    """The fused LL chains the engine forms (``hccc_chain_build``; under LL, no direct receive), as
+    row ranges: a fused primitive of at most :data:`CHAIN_PIECES` chunks that awaits no dependency
+    starts one, and the rows after it in its block join while they are such primitives on the same
+    receive and send connections, up to :data:`CHAIN_PRIMS` rows. (AVG: the engine also ends a chain
+    where a row scales its source and the chain's first does not, or the reverse; the model has no
+    operator and does not.)"""
+    p = program.prims
+    n = int(program.nprims)
+    if n == 0:
+        return []
+    op = p["op"].astype(np.int64)
+    fused = np.isin(op, [int(Op.RECV_COPY_SEND), int(Op.RECV_REDUCE_SEND), int(Op.RECV_REDUCE_COPY_SEND)])
+    cnt = p["count"].astype(np.int64)
+    waits = np.zeros(n, bool)
+    waits[np.asarray(program.dep_prim, np.int64)] = True
+    link = fused & (cnt >= 1) & (cnt <= CHAIN_PIECES) & ~waits
+    key = [p[k].astype(np.int64) for k in ("rank", "tb", "recv_peer", "send_peer", "channel")]
+    same = np.zeros(n, bool)
+    same[1:] = link[1:] & link[:-1]
+    for k in key:
+        same[1:] &= k[1:] == k[:-1]
+    out: list[range] = []
+    for i in np.flatnonzero(link & ~same).tolist():
+        j = i + 1
+        while j < n and same[j]:
+            j += 1
+        for s in range(i, j, CHAIN_PRIMS):
+            out.append(range(s, min(j, s + CHAIN_PRIMS)))
+    return out
+
+
 def merge_groups(program, m: int, src, dst, kind, groups):
     """The unit graph with each receive group's rows run as one unit a micro-batch: micro-batch
     ``i`` of every row of a group becomes micro-batch ``i`` of its first row (the messages into the
@@ -167,26 +212,42 @@ def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, 
                      for o, b, d, c in zip(ops.tolist(), moved.tolist(), is_direct.tolist(), sources.tolist())])
     nodes, src, dst, kind, m = unit_graph(program, m, slots or None)
     src, dst, kind = merge_groups(program, m, src, dst, kind, groups)
-    finish, hops, units, waits = _longest(nodes, src, dst, kind, np.repeat(cost, m), costs.hop_seconds())
+    node_cost = np.repeat(cost, m)
+    ready = extra = None
+    if proto == "ll":
+        # a chain's units: their lines; its hand-over: one unit's fixed cost after the block's
+        # previous unit, or from the launch
+        fixed = np.array([costs.fixed_seconds(unit_class(int(o)), warps, proto) for o in ops.tolist()])
+        ready = np.zeros(nodes)
+        extra = np.zeros(len(src))
+        for ch in ll_chains(program):
+            rows = np.arange(ch.start, ch.stop, dtype=np.int64)
+            at = (rows[:, None] * m + np.arange(m, dtype=np.int64)[None, :]).ravel()
+            node_cost[at] -= fixed[at // m]
+            head = ch.start * m
+            ready[head] = fixed[ch.start]
+            extra[(dst == head) & (kind == 0) & (src // m != ch.start)] = fixed[ch.start]
+    finish, hops, units, waits = _longest(nodes, src, dst, kind, node_cost, costs.hop_seconds(), ready, extra)
     launch = costs.launch_seconds(launched)
     return ProgramTime(total=launch + max(finish, t_hbm), launch=launch, path=finish, hbm=t_hbm, units=units,
                        hops=hops, waits=waits, blocks=blocks, warps=int(warps), micro_batches=m,
                        slice=int(slice_bytes))
 
 
-def _longest(nodes: int, src, dst, kind, cost, hop: float):
+def _longest(nodes: int, src, dst, kind, cost, hop: float, ready=None, extra=None):
     """The longest path's finish time through the unit graph (Kahn's levels), and on it the hops,
-    the units and the back-pressure edges. A cycle (a program that cannot run with these slots)
-    raises ValueError."""
+    the units and the back-pressure edges; ``ready``: a node's earliest start (None: 0), ``extra``:
+    an edge's latency beyond its hop (None: none). A cycle (a program that cannot run with these
+    slots) raises ValueError."""
     if nodes == 0:
         return 0.0, 0, 0, 0
-    lat = np.where(kind > 0, hop, 0.0)
+    lat = np.where(kind > 0, hop, 0.0) + (0.0 if extra is None else extra)
     o = np.argsort(src, kind="stable")
     e_dst, e_lat, e_kind = dst[o], lat[o], kind[o]
     ptr = np.zeros(nodes + 1, np.int64)
     np.cumsum(np.bincount(src, minlength=nodes), out=ptr[1:])
     indeg = np.bincount(dst, minlength=nodes).astype(np.int64)
-    start = np.zeros(nodes)
+    start = np.zeros(nodes) if ready is None else np.array(ready, dtype=np.float64)
     # on the path into each node: (hops, units, waits) of its latest predecessor
     hops = np.zeros(nodes, np.int64)
     nunits = np.ones(nodes, np.int64)
