@@ -10,11 +10,11 @@ run as N-source units (:mod:`hccc.compiler.ir.reduce_groups`) is one unit a micr
 (:func:`merge_groups`): a RECV_REDUCE_COPY unit's fixed cost (one round of waits, one post) and
 the loads of its ``k`` received regions and its source, every message into it one hop. Under LL,
 a fused LL chain (:func:`ll_chains`: consecutive fused primitives of a block on one pair of
-connections, which the data threads run line by line, handed over once) costs its lines' loads at
-every unit, and its hand-over one unit's fixed cost after the block's previous unit (or the
-launch), which it waits for no data to take: its units wait for no barrier, fence or sync lane,
-so a line's path through a rank is a hop and the line's move (a structural reading of the
-engine, not a measurement). It lives in the runtime
+connections, at most ``NSLOTS`` units, which the data threads run line by line, handed over once)
+costs its lines' loads at every unit, and its hand-over one unit's fixed cost after the block's
+previous unit (or the launch), which it waits for no data to take: its units wait for no barrier,
+fence or sync lane, so a line's path through a rank is a hop and the line's move (a structural
+reading of the engine, not a measurement). It lives in the runtime
 layer because it counts the kernels' traffic as the emitted kernels move it.
 """
 from __future__ import annotations
@@ -107,28 +107,30 @@ def unit_graph(program, m: int, nslots: int | None = NSLOTS):
     return n * m, es, ed, ek, m
 
 
-#: the engine's HCCC_CHAIN_PRIMS and HCCC_UNIT_PIECES: the most primitives a fused LL chain holds,
-#: the most chunks each
+#: the engine's HCCC_CHAIN_PRIMS and HCCC_CHAIN_PIECES: the most primitives a fused LL chain holds,
+#: the chunks each moves
 CHAIN_PRIMS = 8
-CHAIN_PIECES = 8
+CHAIN_PIECES = 1
 
 
-def ll_chains(program) -> list[range]:
-    """The fused LL chains the engine forms (``hccc_chain_build``; under LL, no direct receive), as
-    row ranges: a fused primitive of at most :data:`CHAIN_PIECES` chunks that awaits no dependency
-    starts one, and the rows after it in its block join while they are such primitives on the same
-    receive and send connections, up to :data:`CHAIN_PRIMS` rows. (AVG: the engine also ends a chain
-    where a row scales its source and the chain's first does not, or the reverse; the model has no
-    operator and does not.)"""
+def ll_chains(program, m: int) -> list[range]:
+    """The fused LL chains the engine forms at ``m`` micro-batches a primitive (``hccc_chain_link``;
+    under LL, no direct receive), as row ranges: a fused primitive of :data:`CHAIN_PIECES` chunk
+    that awaits no dependency and that none awaits starts one where ``m`` is at most ``NSLOTS``,
+    and the rows after it in its block join while they are such primitives on the same receive
+    and send connections, up to :data:`CHAIN_PRIMS` rows and ``NSLOTS`` units (rows x ``m``).
+    (AVG: the engine also ends a chain where a row scales its source and the chain's first does
+    not, or the reverse; the model has no operator and does not.)"""
     p = program.prims
     n = int(program.nprims)
-    if n == 0:
+    if n == 0 or int(m) > NSLOTS:
         return []
     op = p["op"].astype(np.int64)
     fused = np.isin(op, [int(Op.RECV_COPY_SEND), int(Op.RECV_REDUCE_SEND), int(Op.RECV_REDUCE_COPY_SEND)])
     cnt = p["count"].astype(np.int64)
     waits = np.zeros(n, bool)
     waits[np.asarray(program.dep_prim, np.int64)] = True
+    waits[np.asarray(program.dep_on, np.int64)] = True
     link = fused & (cnt >= 1) & (cnt <= CHAIN_PIECES) & ~waits
     key = [p[k].astype(np.int64) for k in ("rank", "tb", "recv_peer", "send_peer", "channel")]
     same = np.zeros(n, bool)
@@ -140,8 +142,9 @@ def ll_chains(program) -> list[range]:
         j = i + 1
         while j < n and same[j]:
             j += 1
-        for s in range(i, j, CHAIN_PRIMS):
-            out.append(range(s, min(j, s + CHAIN_PRIMS)))
+        most = min(CHAIN_PRIMS, NSLOTS // int(m))
+        for s in range(i, j, most):
+            out.append(range(s, min(j, s + most)))
     return out
 
 
@@ -220,7 +223,7 @@ def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, 
         fixed = np.array([costs.fixed_seconds(unit_class(int(o)), warps, proto) for o in ops.tolist()])
         ready = np.zeros(nodes)
         extra = np.zeros(len(src))
-        for ch in ll_chains(program):
+        for ch in ll_chains(program, m):
             rows = np.arange(ch.start, ch.stop, dtype=np.int64)
             at = (rows[:, None] * m + np.arange(m, dtype=np.int64)[None, :]).ravel()
             node_cost[at] -= fixed[at // m]

@@ -29,20 +29,24 @@ from hccc.testing import describe_failure, kernel_cases, run_case, valid_program
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
 FUSED = {int(Op.RECV_COPY_SEND), int(Op.RECV_REDUCE_SEND), int(Op.RECV_REDUCE_COPY_SEND)}
-#: the engine's HCCC_CHAIN_PRIMS and HCCC_UNIT_PIECES
-CHAIN_PRIMS, UNIT_PIECES = 8, 8
+#: the engine's HCCC_CHAIN_PRIMS, HCCC_CHAIN_PIECES and HCCC_NSLOTS
+CHAIN_PRIMS, CHAIN_PIECES, NSLOTS = 8, 1, 8
 
 
-def chains_of(ir) -> list[list[int]]:
-    """The chains the engine forms under LL (no direct receives), row by row: a fused primitive of
-    at most UNIT_PIECES chunks that awaits no dependency starts one, and the rows after it in its
-    thread block join while they are such primitives on the same receive and send connections, up
-    to CHAIN_PRIMS rows."""
+def chains_of(ir, m: int = 1) -> list[list[int]]:
+    """The chains the engine forms under LL (no direct receives) at m micro-batches a primitive,
+    row by row: where m is at most NSLOTS, a fused primitive of CHAIN_PIECES chunk that awaits no
+    dependency and that none awaits starts one, and the rows after it in its thread block join
+    while they are such primitives on the same receive and send connections, up to CHAIN_PRIMS
+    rows and NSLOTS units (rows x m)."""
+    if m > NSLOTS:
+        return []
     p = {k: v.tolist() for k, v in ir.prims.items()}
-    waiting = set(np.asarray(ir.dep_prim).tolist())
+    waiting = set(np.asarray(ir.dep_prim).tolist()) | set(np.asarray(ir.dep_on).tolist())
+    most = min(CHAIN_PRIMS, NSLOTS // m)
 
     def linkable(i):
-        return p["op"][i] in FUSED and 1 <= p["count"][i] <= UNIT_PIECES and i not in waiting
+        return p["op"][i] in FUSED and 1 <= p["count"][i] <= CHAIN_PIECES and i not in waiting
     out, i, n = [], 0, ir.nprims
     while i < n:
         if not linkable(i):
@@ -50,7 +54,7 @@ def chains_of(ir) -> list[list[int]]:
             continue
         chain = [i]
         j = i + 1
-        while (j < n and len(chain) < CHAIN_PRIMS and linkable(j)
+        while (j < n and len(chain) < most and linkable(j)
                and (p["rank"][j], p["tb"][j]) == (p["rank"][i], p["tb"][i])
                and (p["recv_peer"][j], p["send_peer"][j], p["channel"][j]) == (p["recv_peer"][i], p["send_peer"][i], p["channel"][i])):
             chain.append(j)
@@ -61,11 +65,11 @@ def chains_of(ir) -> list[list[int]]:
 
 
 @settings(max_examples=30, deadline=None)
-@given(valid_programs(max_ranks=6))
-def test_the_models_chains_are_the_engines_rule(alg):
+@given(valid_programs(max_ranks=6), st.integers(1, 10))
+def test_the_models_chains_are_the_engines_rule(alg, m):
     from hccc.runtime.kernel_time import ll_chains
     ir = build_program(alg, fuse=True)
-    assert [list(c) for c in ll_chains(ir)] == chains_of(ir)
+    assert [list(c) for c in ll_chains(ir, m)] == chains_of(ir, m)
 
 
 def test_the_fused_ring_runs_as_chains():
