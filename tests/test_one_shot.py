@@ -312,7 +312,7 @@ def test_the_torch_backend_runs_small_calls_on_the_small_programs():
     from hccc.torch import Options
     from hccc.torch.process_group import stats
     from torch_ranks import ranks_in_threads
-    world, sizes = 3, (96, 8192, SMALL_BYTES // 4 + 32)      # float32 elements per rank
+    world, sizes = 3, (96, 12288, SMALL_BYTES // 4 + 32)     # float32 elements per rank
 
     def job(r):
         def run(pg):
@@ -334,9 +334,11 @@ def test_the_torch_backend_runs_small_calls_on_the_small_programs():
             assert torch.equal(t, world * torch.arange(k, dtype=torch.float32) + sum(range(world)))
             assert torch.equal(out, torch.cat([torch.arange(k, dtype=torch.float32) + 100 * q
                                                for q in range(world)]))
-        # AllReduce: 384 bytes one-shot, 32 KiB all-pairs, above 64 KiB the ring; AllGather's full
-        # buffer is 3 ranks' parts: 1,152 bytes one-step, then the ring
+        # AllReduce: 384 bytes one-shot (up to one_shot_bytes(3), 32 KiB), 48 KiB all-pairs, above
+        # 64 KiB the ring; AllGather's full buffer is 3 ranks' parts: 1,152 bytes one-step, then the
+        # ring
         assert st["entries"] == {"one_shot_allreduce_3": 1, "direct_allreduce_3": 1, "ring_allreduce_3": 1,
                                  "direct_allgather_3": 1, "ring_allgather_3": 2}, st
-        # --proto auto: LL up to LL_AUTO_MAX_BYTES (128 KiB), so all but the largest AllGather
-        assert st["protos"] == {"ll": 5, "simple": 1}, st
+        # --proto auto: LL up to LL_AUTO_MAX_BYTES (128 KiB), so every AllReduce and the smallest
+        # AllGather
+        assert st["protos"] == {"ll": 4, "simple": 2}, st
