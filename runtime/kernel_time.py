@@ -14,7 +14,8 @@ connections, at most ``NSLOTS`` units, which the data threads run line by line, 
 costs its lines' loads at every unit, and its hand-over one unit's fixed cost after the block's
 previous unit (or the launch), which it waits for no data to take: its units wait for no barrier,
 fence or sync lane, so a line's path through a rank is a hop and the line's move (a structural
-reading of the engine, not a measurement). It lives in the runtime
+reading of the engine, not a measurement; the GPU builds leave chains out for now,
+``HCCC_LL_CHAINS``, so this predicts the design, not today's GPU kernels). It lives in the runtime
 layer because it counts the kernels' traffic as the emitted kernels move it.
 """
 from __future__ import annotations
