@@ -140,6 +140,7 @@ def test_fusion_benchmark_rows(capsys):
 
 
 @pytest.mark.slow   # several simulations
+@pytest.mark.usefixtures("alpha_beta_costs")     # the link model: a block's folded rate, no units
 def test_channels_benchmark_rises_with_channels_to_the_link_model():
     ch = _load("channels")
     rows = ch.run(["ring_allreduce_8:a100_topo1"], [64 << 20], [1, 2, 4], 20.0)

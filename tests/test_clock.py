@@ -15,6 +15,8 @@ import pytest
 from hccc.util import clock
 from hccc.util import jit
 
+from synth_oracles import MEASURED_UNITS_LEAST
+
 ROOT = Path(__file__).resolve().parent.parent
 needs_numba = pytest.mark.skipif(not jit.have_numba(), reason="numba is not installed")
 
@@ -114,6 +116,6 @@ def test_a_cold_numba_cache_changes_nothing_synth_decides(tmp_path):
             assert time.perf_counter() - w0 > LIMIT_S      # compiling took longer than the limit
         summary = json.loads(got.stdout)
         assert not summary["timed_out"] and summary["time_limit_cut"] == [], (name, summary)
-        assert summary["fraction_of_bound"] > 0.98
+        assert summary["fraction_of_bound"] > MEASURED_UNITS_LEAST   # (the simulator charges units)
         runs.append([line for line in out.read_text().splitlines() if not line.startswith("# synthesis time:")])
     assert runs[0] == runs[1]

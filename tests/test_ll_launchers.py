@@ -61,14 +61,16 @@ def test_runner_sends_direct_messages_as_ll_lines_under_ll():
     with Runner(ir, "cpu", "float32", "sum", nthreads=2) as runner:
         assert runner.direct_receives() > 0
 
-        def first_words():
-            """[rank, receive connection, slot]: the first 8 bytes of the slot."""
+        def first_words(at: int = 0):
+            """[rank, receive connection, slot]: 8 bytes of the slot, ``at`` bytes in (a Simple
+            message's data lies past the reserved region header and alignment room,
+            abi.SLOT_OVERHEAD: the sender writes no header; LL lines start at 0)."""
             out = []
             for r in range(4):
                 plan, mem, pf = runner.rank_plans[r], runner.rank_mem[r], runner.rank_pf[r]
                 raw = np.zeros(plan.slots_bytes, np.uint8)
                 pf.memcpy_dtoh(raw, mem.slots)
-                out.append([[raw[j * plan.fifo_bytes + s * plan.slot_bytes:][:8].view(np.uint64)[0]
+                out.append([[raw[j * plan.fifo_bytes + s * plan.slot_bytes + at:][:8].view(np.uint64)[0]
                              for s in range(abi.NSLOTS)] for j in range(len(plan.recv_conns))])
             return np.array(out, np.uint64)
 
@@ -81,7 +83,7 @@ def test_runner_sends_direct_messages_as_ll_lines_under_ll():
         want = np.sum(np.stack(inputs), axis=0)
         res = runner.run(count=count, proto="simple", inputs=inputs, keep_outputs=True)
         assert res.ok and res.proto == "simple" and runner.proto_note is None
-        untouched = first_words() == np.uint64(0xABABABABABABABAB)
+        untouched = first_words(abi.SLOT_OVERHEAD) == np.uint64(0xABABABABABABABAB)
         # 6 messages per connection (3 ReduceScatter through the FIFO, 3 AllGather direct)
         assert untouched[:, :, 3:6].all() and not untouched[:, :, :3].any()
         res = runner.run(count=count, proto="ll", inputs=inputs, keep_outputs=True)
