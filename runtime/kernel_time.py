@@ -6,8 +6,9 @@ moved :mod:`hccc.runtime.kernel_traffic` counts); a program's units form a graph
 (:func:`unit_graph`: a block's order, dependencies and messages one hop each, slot back-pressure
 one hop back, ``abi.NSLOTS`` slots a connection), and a call takes the launch plus the longest
 path through it, or the HBM bound if longer (:func:`program_time`). A receive group the kernels
-run as N-source units (:mod:`hccc.compiler.ir.reduce_groups`) is one unit a micro-batch
-(:func:`merge_groups`): a RECV_REDUCE_COPY unit's fixed cost (one round of waits, one post) and
+being modelled run as N-source units (:mod:`hccc.compiler.ir.reduce_groups`; :func:`group_units`:
+the GPU kernels under LL, not the table mode's generic kernels) is one unit a micro-batch
+(:func:`merge_groups`), elsewhere its rows one by one, as those kernels run them: a RECV_REDUCE_COPY unit's fixed cost (one round of waits, one post) and
 the loads of its ``k`` received regions and its source, every message into it one hop. Under LL,
 a fused LL chain (:func:`ll_chains`: consecutive fused primitives of a block on one pair of
 connections, at most ``NSLOTS`` units, which the data threads run line by line, handed over once)
@@ -29,8 +30,8 @@ from hccc.compiler.ir.program_ir import Op
 from hccc.compiler.passes.kernel_cost import LL_DATA_FRACTION, KernelCosts, unit_class
 from hccc.runtime.kernel_traffic import DIRECT_COST, HBM_COST, prim_bytes, traffic
 
-__all__ = ["MAX_UNITS", "CHAIN_PRIMS", "CHAIN_PIECES", "unit_seconds", "ProgramTime", "unit_graph", "ll_chains",
-           "merge_groups", "program_time", "call_time", "ll_ahead_up_to", "LL_CROSSOVER_SIZES"]
+__all__ = ["MAX_UNITS", "CHAIN_PRIMS", "CHAIN_PIECES", "GROUP_UNIT_PROTOS", "unit_seconds", "ProgramTime",
+           "unit_graph", "ll_chains", "group_units", "merge_groups", "program_time", "call_time", "ll_ahead_up_to", "LL_CROSSOVER_SIZES"]
 
 #: The most units (primitives x micro-batches) :func:`program_time` composes: its graph's memory and
 #: time grow with them (about 100 bytes and a microsecond a unit); a call past it is refused.
@@ -149,6 +150,21 @@ def ll_chains(program, m: int) -> list[range]:
     return out
 
 
+#: the protocols under which the GPU kernels run a receive group as N-source units: LL only (the
+#: engine's HCCC_GROUP_SIMPLE is 0 in a GPU build, where a Simple group's rows run one by one; the
+#: CPU emulation, which the model does not time, forms them under both)
+GROUP_UNIT_PROTOS = ("ll",)
+
+
+def group_units(proto: str, table: bool = False) -> bool:
+    """Whether the GPU kernels that run a program under ``proto`` (the launch's protocol, ``simple``
+    or ``ll``: the caller's, which it resolved as the launch does) run its receive groups as N-source
+    units: under :data:`GROUP_UNIT_PROTOS`, and not in the table mode's generic kernels (``table``:
+    the program runs from its table; their engine is built with HCCC_GROUP_UNITS 0, hccc_table.h),
+    where every row is a unit of its own."""
+    return proto in GROUP_UNIT_PROTOS and not table
+
+
 def merge_groups(program, m: int, src, dst, kind, groups):
     """The unit graph with each receive group's rows run as one unit a micro-batch: micro-batch
     ``i`` of every row of a group becomes micro-batch ``i`` of its first row (the messages into the
@@ -169,7 +185,7 @@ def merge_groups(program, m: int, src, dst, kind, groups):
 
 def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, warps: int, proto: str = "simple",
                  element_bytes: int = 4, nslots: int | None = None, direct: bool = True,
-                 one_gpu: bool = True) -> ProgramTime:
+                 one_gpu: bool = True, table: bool = False) -> ProgramTime:
     """The predicted time of one call of ``program`` (a ProgramIR, with its ``nchannels``) on a
     full buffer of ``nbytes``, in slices of ``slice_bytes``, on blocks of ``warps`` warps
     (module docstring). ``direct``: the receives :mod:`hccc.compiler.ir.direct` proves safe take
@@ -178,7 +194,10 @@ def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, 
     counts ``kernel_traffic``'s bytes (LL's slots twice over). ``one_gpu``: every rank on one GPU,
     as the recorded runs placed them (the launch is every rank's blocks, the HBM bound every
     rank's bytes); False: one rank per GPU, as a job of processes runs (the torch backend, a
-    Communicator): the launch is the most blocks one rank has, the HBM bound one rank's share."""
+    Communicator): the launch is the most blocks one rank has, the HBM bound one rank's share.
+    ``table``: the program runs in the table mode's generic kernels (``proto`` and ``table`` say
+    which kernels are modelled: a receive group is one N-source unit where :func:`group_units`
+    says those kernels form them, else its rows one by one)."""
     from hccc.compiler.passes.slicing import micro_batches
 
     k = max(1, int(getattr(program, "nchannels", 1) or 1))
@@ -207,7 +226,8 @@ def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, 
         launched = int(per_rank.max()) * k
         t_hbm /= max(1, int(program.nranks))
     from hccc.compiler.ir.reduce_groups import reduce_groups
-    groups = reduce_groups(program, np.where(is_direct, 2, 0) if is_direct.any() else None)
+    groups = (reduce_groups(program, np.where(is_direct, 2, 0) if is_direct.any() else None)
+              if group_units(proto, table) else [])
     sources = np.ones(len(ops), np.int64)
     for s, g in groups:
         sources[s] = g
@@ -290,14 +310,15 @@ def _longest(nodes: int, src, dst, kind, cost, hop: float, ready=None, extra=Non
     return float(finish[end]), int(hops[end]), int(nunits[end]), int(waits[end])
 
 
-def call_time(program, nbytes: int, costs: KernelCosts, proto: str) -> ProgramTime:
+def call_time(program, nbytes: int, costs: KernelCosts, proto: str, *, table: bool = False) -> ProgramTime:
     """One call of ``program`` as a job of processes runs it (a Communicator, the torch backend):
-    one rank per GPU, the launchers' slice under ``proto``
-    (:func:`hccc.runtime.rank_memory.launch_slice_bytes`), the program's warps, no direct mode."""
+    one rank per GPU, the launchers' slice under ``proto`` (the launch's protocol, resolved)
+    (:func:`hccc.runtime.rank_memory.launch_slice_bytes`), the program's warps, no direct mode, in
+    its specialised kernels (``table``: the table mode's generic kernels)."""
     from hccc.runtime.rank_memory import launch_slice_bytes
     sl = launch_slice_bytes(program, int(nbytes), 4, program.chunk_bytes, proto)
     return program_time(program, int(nbytes), costs, slice_bytes=sl, warps=program.nwarps, proto=proto,
-                        direct=False, one_gpu=False)
+                        direct=False, one_gpu=False, table=table)
 
 
 #: the sizes (full buffer, bytes) :func:`ll_ahead_up_to` weighs: powers of two from 4 KiB to 64 MiB

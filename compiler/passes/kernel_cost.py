@@ -34,7 +34,10 @@ kernel generation's unit-level figures on one card:
   word and posts none);
 - an N-source unit (a receive group, :mod:`hccc.compiler.ir.reduce_groups`): one
   RECV_REDUCE_COPY unit whose loads are its ``k`` received regions and its source
-  (:func:`hccc.runtime.kernel_time.unit_seconds`' ``sources``), every message into it one hop;
+  (:func:`hccc.runtime.kernel_time.unit_seconds`' ``sources``), every message into it one hop,
+  where the kernels modelled form it (:func:`hccc.runtime.kernel_time.group_units`: the GPU
+  kernels under LL, not the table mode's generic kernels; elsewhere the group's rows are units of
+  their own, as those kernels run them);
 - a hop (:meth:`KernelCosts.hop_seconds`): what a unit's post takes to reach the unit that waits
   for it on another block, half a flag round trip between two SMs (the ping-pong of the fifth
   run);
