@@ -8,8 +8,9 @@ For a group of any size it offers hccc's own generators (:mod:`hccc.compiler.fro
 allreduce      ring; hierarchical (``hm``: intra-node, inter-node ring, intra-node) when
                the group spans nodes of equal size with contiguous ranks; within one node
                the one-shot program (:func:`hccc.compiler.ir.one_shot.one_shot_allreduce`:
-               one hop) up to :data:`ONE_SHOT_BYTES`, the all-pairs program
-               (``direct_allreduce``) up to :data:`SMALL_BYTES`
+               one hop) up to :func:`one_shot_bytes`, the all-pairs program
+               (``direct_allreduce``) above it up to :data:`SMALL_BYTES` (none where the
+               one-shot's band reaches it)
 allgather      within one node the one-step program (``direct_allgather``: one hop) up to
                :data:`SMALL_BYTES`, recursive doubling instead from
                :data:`RD_ALLGATHER_MIN_RANKS` ranks (a power of two) and on groups that span
@@ -71,12 +72,28 @@ from hccc.compiler.synth.plan import COLLECTIVES
 #: So the band is not a crossover of the kernel cost model: it stays where the step count is what
 #: a call pays on the emulation (tests/test_one_shot.py recomputes the choice below it)
 SMALL_BYTES = 64 << 10
-#: the size band (full buffer, bytes) of the one-shot AllReduce within one node: the largest power
-#: of two at which the kernel cost model (as for :data:`SMALL_BYTES`) puts it ahead of the
-#: all-pairs program on every group of 2 to 16 ranks (8 ranks: 36.4 us against 41.0 at 16 KiB,
-#: 47.1 against 41.4 at 32 KiB; at 4 KiB 28.9 against 40.8, the ring 75.4): its messages carry the
-#: whole buffer, n - 1 of them a rank, so above it the bytes cost more than the hops it saves
+#: the size band (full buffer, bytes) of the one-shot AllReduce within one node on groups
+#: :data:`ONE_SHOT_BANDS` does not list: the largest power of two at which the kernel cost model
+#: (as for :data:`SMALL_BYTES`) puts it ahead of the all-pairs program on every group of 9 to 16
+#: ranks, whose n chunks a message are more than one unit round holds, so its receives run one
+#: unit each (9 ranks: 40.6 us against 45.7 at 16 KiB, 52.6 against 46.1 at 32 KiB): its messages
+#: carry the whole buffer, n - 1 of them a rank, so above it the bytes cost more than the hops it
+#: saves
 ONE_SHOT_BYTES = 16 << 10
+#: the one-shot AllReduce's band by group size where the model sets another (2 to 8 ranks; from 3
+#: ranks its receives run as one N-source unit, :mod:`hccc.compiler.ir.reduce_groups`): the
+#: largest power of two, up to :data:`SMALL_BYTES`, at which the kernel cost model (as for
+#: :data:`SMALL_BYTES`) puts it ahead of the all-pairs program (8 ranks: 41.7 us against 43.8 at
+#: 64 KiB, 17.0 against 40.8 at 4 KiB, the ring 75.4; 5 ranks: 21.2 against 27.7 at 32 KiB, 30.5
+#: against 30.4 at 64 KiB; 2 ranks: 13.9 against 14.4 at 32 KiB); tests/test_one_shot.py
+#: recomputes every entry
+ONE_SHOT_BANDS = {2: 32 << 10, 3: 32 << 10, 4: 32 << 10, 5: 32 << 10, 6: 64 << 10, 7: 64 << 10, 8: 64 << 10}
+
+
+def one_shot_bytes(world: int) -> int:
+    """The one-shot AllReduce's size band on ``world`` ranks within one node (full buffer, bytes):
+    :data:`ONE_SHOT_BANDS`' entry, else :data:`ONE_SHOT_BYTES`."""
+    return ONE_SHOT_BANDS.get(int(world), ONE_SHOT_BYTES)
 #: the least group (a power of two) whose small AllGathers within one node take recursive doubling
 #: instead of the one-step program: the kernel cost model (as for :data:`SMALL_BYTES`) puts the
 #: one-step program ahead up to 8 ranks (21.8 us against 23.7 at 4 KiB) and recursive doubling
@@ -122,8 +139,10 @@ def plan(collective: str, world: int, nodes: list[str], root: int | None) -> lis
         else:
             if one_node and world >= 2:
                 from hccc.compiler.ir.one_shot import one_shot_allreduce
-                out.append((f"one_shot_allreduce_{world}", lambda: one_shot_allreduce(world), 0, ONE_SHOT_BYTES))
-                out.append((f"direct_allreduce_{world}", lambda: gen.direct_allreduce(world), 0, SMALL_BYTES))
+                out.append((f"one_shot_allreduce_{world}", lambda: one_shot_allreduce(world), 0,
+                            one_shot_bytes(world)))
+                if one_shot_bytes(world) < SMALL_BYTES:    # (else the one-shot serves the whole band)
+                    out.append((f"direct_allreduce_{world}", lambda: gen.direct_allreduce(world), 0, SMALL_BYTES))
             out.append((f"ring_allreduce_{world}", lambda: gen.ring_allreduce(world), 0, None))
     elif collective == "allgather":
         if hier:
@@ -292,4 +311,4 @@ def _digest(path) -> str:
     return hashlib.sha256(read_input_bytes(path)).hexdigest()
 
 
-__all__ = ["BuiltinCatalog", "ONE_SHOT_BYTES", "RD_ALLGATHER_MIN_RANKS", "SMALL_BYTES", "SYNTH_COLLECTIVES", "SYNTH_TIME_LIMIT_S", "plan"]
+__all__ = ["BuiltinCatalog", "ONE_SHOT_BYTES", "ONE_SHOT_BANDS", "one_shot_bytes", "RD_ALLGATHER_MIN_RANKS", "SMALL_BYTES", "SYNTH_COLLECTIVES", "SYNTH_TIME_LIMIT_S", "plan"]

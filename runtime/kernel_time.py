@@ -5,7 +5,18 @@ A unit of an op costs its fixed part plus its loads (:func:`unit_seconds`: the r
 moved :mod:`hccc.runtime.kernel_traffic` counts); a program's units form a graph
 (:func:`unit_graph`: a block's order, dependencies and messages one hop each, slot back-pressure
 one hop back, ``abi.NSLOTS`` slots a connection), and a call takes the launch plus the longest
-path through it, or the HBM bound if longer (:func:`program_time`). It lives in the runtime
+path through it, or the HBM bound if longer (:func:`program_time`). A receive group the kernels
+being modelled run as N-source units (:mod:`hccc.compiler.ir.reduce_groups`; :func:`group_units`:
+the GPU kernels under LL, not the table mode's generic kernels) is one unit a micro-batch
+(:func:`merge_groups`), elsewhere its rows one by one, as those kernels run them: a RECV_REDUCE_COPY unit's fixed cost (one round of waits, one post) and
+the loads of its ``k`` received regions and its source, every message into it one hop. Under LL,
+a fused LL chain (:func:`ll_chains`: consecutive fused primitives of a block on one pair of
+connections, at most ``NSLOTS`` units, which the data threads run line by line, handed over once)
+costs its lines' loads at every unit, and its hand-over one unit's fixed cost after the block's
+previous unit (or the launch), which it waits for no data to take: its units wait for no barrier,
+fence or sync lane, so a line's path through a rank is a hop and the line's move (a structural
+reading of the engine, not a measurement; the GPU builds leave chains out for now,
+``HCCC_LL_CHAINS``, so this predicts the design, not today's GPU kernels). It lives in the runtime
 layer because it counts the kernels' traffic as the emitted kernels move it.
 """
 from __future__ import annotations
@@ -19,8 +30,8 @@ from hccc.compiler.ir.program_ir import Op
 from hccc.compiler.passes.kernel_cost import LL_DATA_FRACTION, KernelCosts, unit_class
 from hccc.runtime.kernel_traffic import DIRECT_COST, HBM_COST, prim_bytes, traffic
 
-__all__ = ["MAX_UNITS", "unit_seconds", "ProgramTime", "unit_graph", "program_time", "call_time", "ll_ahead_up_to",
-           "LL_CROSSOVER_SIZES"]
+__all__ = ["MAX_UNITS", "CHAIN_PRIMS", "CHAIN_PIECES", "GROUP_UNIT_PROTOS", "unit_seconds", "ProgramTime",
+           "unit_graph", "ll_chains", "group_units", "merge_groups", "program_time", "call_time", "ll_ahead_up_to", "LL_CROSSOVER_SIZES"]
 
 #: The most units (primitives x micro-batches) :func:`program_time` composes: its graph's memory and
 #: time grow with them (about 100 bytes and a microsecond a unit); a call past it is refused.
@@ -28,13 +39,15 @@ MAX_UNITS = 20_000_000
 
 
 def unit_seconds(costs: KernelCosts, op: int, moved: float, warps: float, proto: str = "simple", *,
-                 direct: bool = False) -> float:
+                 direct: bool = False, sources: int = 1) -> float:
     """One unit, at ``costs``, of ``op`` (an :class:`Op` code) moving ``moved`` payload bytes on a block of
     ``warps`` warps under ``proto``: its fixed cost plus its loads' time (reads per byte
     moved as ``kernel_traffic`` counts them; ``direct``: a receive proven direct-safe, whose
-    data the sender wrote; an LL line carries :data:`LL_DATA_FRACTION` of data)."""
+    data the sender wrote; an LL line carries :data:`LL_DATA_FRACTION` of data). ``sources``: the
+    receives an N-source unit reduces (a receive group of that many rows; each received region
+    past the first is one more read per byte)."""
     from hccc.runtime.kernel_traffic import DIRECT_COST, HBM_COST
-    reads = (DIRECT_COST if direct else HBM_COST)[Op(int(op))][0]
+    reads = (DIRECT_COST if direct else HBM_COST)[Op(int(op))][0] + max(0, int(sources) - 1)
     loads = moved * reads / (LL_DATA_FRACTION if proto == "ll" else 1.0)
     return costs.fixed_seconds(unit_class(op), warps, proto) + costs.bytes_seconds(loads, warps)
 
@@ -96,9 +109,83 @@ def unit_graph(program, m: int, nslots: int | None = NSLOTS):
     return n * m, es, ed, ek, m
 
 
+#: the engine's HCCC_CHAIN_PRIMS and HCCC_CHAIN_PIECES: the most primitives a fused LL chain holds,
+#: the chunks each moves
+CHAIN_PRIMS = 8
+CHAIN_PIECES = 1
+
+
+def ll_chains(program, m: int) -> list[range]:
+    """The fused LL chains the engine forms at ``m`` micro-batches a primitive (``hccc_chain_link``;
+    under LL, no direct receive), as row ranges: a fused primitive of :data:`CHAIN_PIECES` chunk
+    that awaits no dependency and that none awaits starts one where ``m`` is at most ``NSLOTS``,
+    and the rows after it in its block join while they are such primitives on the same receive
+    and send connections, up to :data:`CHAIN_PRIMS` rows and ``NSLOTS`` units (rows x ``m``).
+    (AVG: the engine also ends a chain where a row scales its source and the chain's first does
+    not, or the reverse; the model has no operator and does not.)"""
+    p = program.prims
+    n = int(program.nprims)
+    if n == 0 or int(m) > NSLOTS:
+        return []
+    op = p["op"].astype(np.int64)
+    fused = np.isin(op, [int(Op.RECV_COPY_SEND), int(Op.RECV_REDUCE_SEND), int(Op.RECV_REDUCE_COPY_SEND)])
+    cnt = p["count"].astype(np.int64)
+    waits = np.zeros(n, bool)
+    waits[np.asarray(program.dep_prim, np.int64)] = True
+    waits[np.asarray(program.dep_on, np.int64)] = True
+    link = fused & (cnt >= 1) & (cnt <= CHAIN_PIECES) & ~waits
+    key = [p[k].astype(np.int64) for k in ("rank", "tb", "recv_peer", "send_peer", "channel")]
+    same = np.zeros(n, bool)
+    same[1:] = link[1:] & link[:-1]
+    for k in key:
+        same[1:] &= k[1:] == k[:-1]
+    out: list[range] = []
+    for i in np.flatnonzero(link & ~same).tolist():
+        j = i + 1
+        while j < n and same[j]:
+            j += 1
+        most = min(CHAIN_PRIMS, NSLOTS // int(m))
+        for s in range(i, j, most):
+            out.append(range(s, min(j, s + most)))
+    return out
+
+
+#: the protocols under which the GPU kernels run a receive group as N-source units: LL only (the
+#: engine's HCCC_GROUP_SIMPLE is 0 in a GPU build, where a Simple group's rows run one by one; the
+#: CPU emulation, which the model does not time, forms them under both)
+GROUP_UNIT_PROTOS = ("ll",)
+
+
+def group_units(proto: str, table: bool = False) -> bool:
+    """Whether the GPU kernels that run a program under ``proto`` (the launch's protocol, ``simple``
+    or ``ll``: the caller's, which it resolved as the launch does) run its receive groups as N-source
+    units: under :data:`GROUP_UNIT_PROTOS`, and not in the table mode's generic kernels (``table``:
+    the program runs from its table; their engine is built with HCCC_GROUP_UNITS 0, hccc_table.h),
+    where every row is a unit of its own."""
+    return proto in GROUP_UNIT_PROTOS and not table
+
+
+def merge_groups(program, m: int, src, dst, kind, groups):
+    """The unit graph with each receive group's rows run as one unit a micro-batch: micro-batch
+    ``i`` of every row of a group becomes micro-batch ``i`` of its first row (the messages into the
+    rows, their slots' back-pressure and the dependencies on its last row then meet one node), and
+    the block order between the group's rows is gone. Returns ``(src, dst, kind)``; the other rows'
+    nodes are left without edges."""
+    if not groups:
+        return src, dst, kind
+    n = int(program.nprims)
+    head = np.arange(n, dtype=np.int64)
+    for s, k in groups:
+        head[s:s + k] = s
+    pa, pb = src // m, dst // m
+    keep = ~((head[pa] == head[pb]) & (pa != pb))      # the order between a group's rows
+    src, dst, kind = src[keep], dst[keep], kind[keep]
+    return head[src // m] * m + src % m, head[dst // m] * m + dst % m, kind
+
+
 def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, warps: int, proto: str = "simple",
                  element_bytes: int = 4, nslots: int | None = None, direct: bool = True,
-                 one_gpu: bool = True) -> ProgramTime:
+                 one_gpu: bool = True, table: bool = False) -> ProgramTime:
     """The predicted time of one call of ``program`` (a ProgramIR, with its ``nchannels``) on a
     full buffer of ``nbytes``, in slices of ``slice_bytes``, on blocks of ``warps`` warps
     (module docstring). ``direct``: the receives :mod:`hccc.compiler.ir.direct` proves safe take
@@ -107,7 +194,10 @@ def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, 
     counts ``kernel_traffic``'s bytes (LL's slots twice over). ``one_gpu``: every rank on one GPU,
     as the recorded runs placed them (the launch is every rank's blocks, the HBM bound every
     rank's bytes); False: one rank per GPU, as a job of processes runs (the torch backend, a
-    Communicator): the launch is the most blocks one rank has, the HBM bound one rank's share."""
+    Communicator): the launch is the most blocks one rank has, the HBM bound one rank's share.
+    ``table``: the program runs in the table mode's generic kernels (``proto`` and ``table`` say
+    which kernels are modelled: a receive group is one N-source unit where :func:`group_units`
+    says those kernels form them, else its rows one by one)."""
     from hccc.compiler.passes.slicing import micro_batches
 
     k = max(1, int(getattr(program, "nchannels", 1) or 1))
@@ -135,29 +225,53 @@ def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, 
         per_rank = np.bincount(np.array([r for r, _ in pairs], dtype=np.int64)) if pairs else np.zeros(1, np.int64)
         launched = int(per_rank.max()) * k
         t_hbm /= max(1, int(program.nranks))
-    cost = np.array([unit_seconds(costs, int(o), float(b), warps, proto, direct=bool(d))
-                     for o, b, d in zip(ops.tolist(), moved.tolist(), is_direct.tolist())])
+    from hccc.compiler.ir.reduce_groups import reduce_groups
+    groups = (reduce_groups(program, np.where(is_direct, 2, 0) if is_direct.any() else None)
+              if group_units(proto, table) else [])
+    sources = np.ones(len(ops), np.int64)
+    for s, g in groups:
+        sources[s] = g
+        sources[s + 1:s + g] = 0          # (run inside the first row's units)
+    cost = np.array([unit_seconds(costs, int(o), float(b), warps, proto, direct=bool(d), sources=int(c)) if c else 0.0
+                     for o, b, d, c in zip(ops.tolist(), moved.tolist(), is_direct.tolist(), sources.tolist())])
     nodes, src, dst, kind, m = unit_graph(program, m, slots or None)
-    finish, hops, units, waits = _longest(nodes, src, dst, kind, np.repeat(cost, m), costs.hop_seconds())
+    src, dst, kind = merge_groups(program, m, src, dst, kind, groups)
+    node_cost = np.repeat(cost, m)
+    ready = extra = None
+    if proto == "ll":
+        # a chain's units: their lines; its hand-over: one unit's fixed cost after the block's
+        # previous unit, or from the launch
+        fixed = np.array([costs.fixed_seconds(unit_class(int(o)), warps, proto) for o in ops.tolist()])
+        ready = np.zeros(nodes)
+        extra = np.zeros(len(src))
+        for ch in ll_chains(program, m):
+            rows = np.arange(ch.start, ch.stop, dtype=np.int64)
+            at = (rows[:, None] * m + np.arange(m, dtype=np.int64)[None, :]).ravel()
+            node_cost[at] -= fixed[at // m]
+            head = ch.start * m
+            ready[head] = fixed[ch.start]
+            extra[(dst == head) & (kind == 0) & (src // m != ch.start)] = fixed[ch.start]
+    finish, hops, units, waits = _longest(nodes, src, dst, kind, node_cost, costs.hop_seconds(), ready, extra)
     launch = costs.launch_seconds(launched)
     return ProgramTime(total=launch + max(finish, t_hbm), launch=launch, path=finish, hbm=t_hbm, units=units,
                        hops=hops, waits=waits, blocks=blocks, warps=int(warps), micro_batches=m,
                        slice=int(slice_bytes))
 
 
-def _longest(nodes: int, src, dst, kind, cost, hop: float):
+def _longest(nodes: int, src, dst, kind, cost, hop: float, ready=None, extra=None):
     """The longest path's finish time through the unit graph (Kahn's levels), and on it the hops,
-    the units and the back-pressure edges. A cycle (a program that cannot run with these slots)
-    raises ValueError."""
+    the units and the back-pressure edges; ``ready``: a node's earliest start (None: 0), ``extra``:
+    an edge's latency beyond its hop (None: none). A cycle (a program that cannot run with these
+    slots) raises ValueError."""
     if nodes == 0:
         return 0.0, 0, 0, 0
-    lat = np.where(kind > 0, hop, 0.0)
+    lat = np.where(kind > 0, hop, 0.0) + (0.0 if extra is None else extra)
     o = np.argsort(src, kind="stable")
     e_dst, e_lat, e_kind = dst[o], lat[o], kind[o]
     ptr = np.zeros(nodes + 1, np.int64)
     np.cumsum(np.bincount(src, minlength=nodes), out=ptr[1:])
     indeg = np.bincount(dst, minlength=nodes).astype(np.int64)
-    start = np.zeros(nodes)
+    start = np.zeros(nodes) if ready is None else np.array(ready, dtype=np.float64)
     # on the path into each node: (hops, units, waits) of its latest predecessor
     hops = np.zeros(nodes, np.int64)
     nunits = np.ones(nodes, np.int64)
@@ -196,14 +310,15 @@ def _longest(nodes: int, src, dst, kind, cost, hop: float):
     return float(finish[end]), int(hops[end]), int(nunits[end]), int(waits[end])
 
 
-def call_time(program, nbytes: int, costs: KernelCosts, proto: str) -> ProgramTime:
+def call_time(program, nbytes: int, costs: KernelCosts, proto: str, *, table: bool = False) -> ProgramTime:
     """One call of ``program`` as a job of processes runs it (a Communicator, the torch backend):
-    one rank per GPU, the launchers' slice under ``proto``
-    (:func:`hccc.runtime.rank_memory.launch_slice_bytes`), the program's warps, no direct mode."""
+    one rank per GPU, the launchers' slice under ``proto`` (the launch's protocol, resolved)
+    (:func:`hccc.runtime.rank_memory.launch_slice_bytes`), the program's warps, no direct mode, in
+    its specialised kernels (``table``: the table mode's generic kernels)."""
     from hccc.runtime.rank_memory import launch_slice_bytes
     sl = launch_slice_bytes(program, int(nbytes), 4, program.chunk_bytes, proto)
     return program_time(program, int(nbytes), costs, slice_bytes=sl, warps=program.nwarps, proto=proto,
-                        direct=False, one_gpu=False)
+                        direct=False, one_gpu=False, table=table)
 
 
 #: the sizes (full buffer, bytes) :func:`ll_ahead_up_to` weighs: powers of two from 4 KiB to 64 MiB

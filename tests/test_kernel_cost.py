@@ -301,21 +301,30 @@ def test_two_ranks_send_and_receive_hand_derived(m, c_copy, c_send, c_recv, hop,
         assert R[-1] == pytest.approx(m * c_copy + m * (c_send + c_recv + 2 * hop) - hop, rel=1e-12)
 
 
-def _oracle_path(program, nbytes: int, m: int, nslots: int, costs) -> float:
+def _oracle_path(program, nbytes: int, m: int, nslots: int, costs, groups=None, proto: str = "simple") -> float:
     """The longest path over units (seconds), built from the program's own columns in plain Python:
     a block's primitives in ``seq`` order, each over its micro-batches; dependencies and messages
     micro-batch by micro-batch, one hop each; a connection's message k + nslots after the receive
-    of its message k, one hop. Relaxed to a fixed point (the graph is acyclic)."""
+    of its message k, one hop. Relaxed to a fixed point (the graph is acyclic). ``groups``: lists
+    of rows that run as one unit a micro-batch (an N-source unit: its node is its first row's,
+    charged as one unit of that many sources); ``proto``: the units' protocol."""
     from hccc.runtime.kernel_traffic import prim_bytes
     p = program.prims
     n = len(p["rank"])
     k = max(1, int(getattr(program, "nchannels", 1) or 1))
     nbytes_unit = prim_bytes(program, nbytes, 4).astype(float) / m / k
-    cost = [kt.unit_seconds(costs, int(p["op"][i]), nbytes_unit[i], 16) for i in range(n)]
+    owner = {i: i for i in range(n)}
+    sources = {i: 1 for i in range(n)}
+    for rows in groups or []:
+        for i in rows:
+            owner[i] = rows[0]
+        sources[rows[0]] = len(rows)
+    cost = [kt.unit_seconds(costs, int(p["op"][i]), nbytes_unit[i], 16, proto, sources=sources[i]) for i in range(n)]
     hop = costs.flag_round_trip_us / 2 * 1e-6
     preds: dict = {}
 
     def edge(a, b, w):
+        a, b = (owner[a[0]], a[1]), (owner[b[0]], b[1])
         preds.setdefault(b, []).append((a, w))
     blocks: dict = {}
     for i in range(n):
@@ -323,7 +332,8 @@ def _oracle_path(program, nbytes: int, m: int, nslots: int, costs) -> float:
     for prims in blocks.values():
         prims.sort(key=lambda i: int(p["seq"][i]))
         for a, b in zip(prims, prims[1:]):
-            edge((a, m - 1), (b, 0), 0.0)
+            if owner[a] != owner[b]:
+                edge((a, m - 1), (b, 0), 0.0)
     for i in range(n):
         for j in range(1, m):
             edge((i, j - 1), (i, j), 0.0)
@@ -359,7 +369,7 @@ def _oracle_path(program, nbytes: int, m: int, nslots: int, costs) -> float:
             finish[u] = start + cost[u[0]]
         return finish[u]
     sys.setrecursionlimit(max(10000, sys.getrecursionlimit()))
-    return max(end((i, j)) for i in range(n) for j in range(m))
+    return max(end((owner[i], j)) for i in range(n) for j in range(m))
 
 
 
@@ -393,6 +403,44 @@ def test_random_programs_against_the_oracle(alg, m, nslots):
         return
     assert t.path == pytest.approx(_oracle_path(ir, n, m, nslots, costs), rel=1e-12)
     assert t.total >= t.launch + max(t.path, t.hbm) * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_n_source_units_against_the_oracle(n):
+    """The one-shot AllReduce, whose receives the GPU kernels run as one N-source unit a
+    micro-batch under LL: the model's longest path is the plain-Python oracle's with each rank's
+    receives (the RECV_REDUCE_COPY rows of its block, written out here) one unit; at one
+    micro-batch, by hand, a copy, a hop, a send, a hop and the unit (each at a COPY unit's fixed
+    cost under LL). Under Simple, and in the table mode's generic kernels, the GPU kernels run the
+    rows one by one, and so does the model: the oracle without groups."""
+    from hccc.compiler.ir.one_shot import one_shot_allreduce
+    ir = one_shot_allreduce(n)
+    p = ir.prims
+    groups = [[i for i in range(ir.nprims) if int(p["rank"][i]) == r and int(p["op"][i]) == int(Op.RECV_REDUCE_COPY)]
+              for r in range(n)]
+    costs = _flat(0.3, 1.1, 0.7, 0.4)
+    for m in (1, 4, 12):
+        nb = n * 16 * m
+        for nslots in (0, 1, 2, 8):
+            t = kt.program_time(ir, nb, costs, slice_bytes=16, warps=16, nslots=nslots, direct=False, proto="ll")
+            assert t.micro_batches == m
+            assert t.path == pytest.approx(_oracle_path(ir, nb, m, nslots, costs, groups, "ll"), rel=1e-12), (m, nslots)
+            if m == 1:
+                assert t.path * 1e6 == pytest.approx(0.3 + 0.4 + 0.3 + 0.4 + 0.3, rel=1e-9)
+                assert t.units == 3 and t.hops == 2
+            for proto, table in (("simple", False), ("ll", True)):
+                r = kt.program_time(ir, nb, costs, slice_bytes=16, warps=16, nslots=nslots, direct=False,
+                                    proto=proto, table=table)
+                assert r.path == pytest.approx(_oracle_path(ir, nb, m, nslots, costs, None, proto), rel=1e-12), \
+                    (proto, table, m, nslots)
+                if m == 1:
+                    assert r.units == 2 + n - 1, (proto, table)
+    # the unit loads its n - 1 regions and its source: n reads a byte, where a row loads 2
+    c = kc.V4_H200
+    one = kt.unit_seconds(c, int(Op.RECV_REDUCE_COPY), 4096, 16)
+    many = kt.unit_seconds(c, int(Op.RECV_REDUCE_COPY), 4096, 16, sources=n - 1)
+    assert many - c.fixed_seconds("RECV_REDUCE_COPY", 16) == pytest.approx(c.bytes_seconds(4096 * n, 16))
+    assert one - c.fixed_seconds("RECV_REDUCE_COPY", 16) == pytest.approx(c.bytes_seconds(4096 * 2, 16))
 
 
 def test_more_slots_never_slow_a_program():

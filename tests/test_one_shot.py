@@ -2,7 +2,7 @@
 dependent hop), the one-step AllGather (``direct_allgather``: one hop) and the all-pairs AllReduce
 (``direct_allreduce``: ``n`` hops) are proven for every group of 2 to 16 ranks, run correct on the
 CPU emulation, and are what the built-in catalog (and so the torch backend) and ``--proto auto``
-pick for them up to ``ONE_SHOT_BYTES`` / ``SMALL_BYTES``, as the direct ReduceScatter, Broadcast
+pick for them up to ``one_shot_bytes(n)`` / ``SMALL_BYTES``, as the direct ReduceScatter, Broadcast
 and Reduce are for theirs: the choice the kernel cost model makes, recomputed here."""
 from __future__ import annotations
 
@@ -228,12 +228,13 @@ ROOT = 1
                                           ("reducescatter", 3), ("reducescatter", 8), ("broadcast", 4),
                                           ("broadcast", 8), ("reduce", 3), ("reduce", 8)])
 def test_the_catalog_picks_what_the_kernel_cost_model_puts_first(collective, n, tmp_path):
-    from hccc.builtin_catalog import ONE_SHOT_BYTES, SMALL_BYTES, BuiltinCatalog
+    from hccc.builtin_catalog import SMALL_BYTES, BuiltinCatalog, one_shot_bytes
     from hccc.compiler.ir.program_ir import ProgramIR
     cat = BuiltinCatalog(n, ["node"] * n, cache_dir=tmp_path / "cache")
     root = ROOT if collective in ("broadcast", "reduce") else None
     irs = {k: a if isinstance(a, ProgramIR) else build_program(a) for k, a in _candidates(collective, n).items()}
-    for nbytes in (4 << 10, ONE_SHOT_BYTES, 2 * ONE_SHOT_BYTES, SMALL_BYTES):
+    band = one_shot_bytes(n)
+    for nbytes in sorted({4 << 10, band, min(2 * band, SMALL_BYTES), SMALL_BYTES}):
         nbytes -= nbytes % (4 * n)                           # whole float32 shares for every rank
         best = min(irs, key=lambda k: _model_us(irs[k], nbytes))
         got, why = cat.select(collective, n, nbytes, "float32", "sum", root=root)
@@ -247,25 +248,43 @@ def test_the_catalog_picks_what_the_kernel_cost_model_puts_first(collective, n, 
     assert got is not None and got.name == f"ring_{collective}_{n}" + ("" if root is None else f"_root{ROOT}"), why
 
 
-def test_the_one_shot_band_is_the_models_crossover():
+@pytest.mark.parametrize("n", [2, 3, 5, 6, 8])
+def test_each_one_shot_band_is_the_models_crossover(n):
+    """ONE_SHOT_BANDS: on each group it lists, the largest power of two up to SMALL_BYTES at which
+    the model puts the one-shot AllReduce ahead of the all-pairs one (a sample of them here)."""
+    from hccc.builtin_catalog import ONE_SHOT_BANDS, SMALL_BYTES
+    from hccc.compiler.ir.one_shot import one_shot_allreduce
+    one, direct = one_shot_allreduce(n), build_program(gen.direct_allreduce(n))
+
+    def ahead(nbytes):
+        nbytes -= nbytes % (4 * n)
+        return _model_us(one, nbytes) < _model_us(direct, nbytes)
+    band = ONE_SHOT_BANDS[n]
+    assert ahead(band) and (band == SMALL_BYTES or not ahead(2 * band))
+
+
+def test_the_one_shot_band_of_larger_groups_is_the_models_crossover():
     """ONE_SHOT_BYTES: the largest power of two at which the model puts the one-shot AllReduce
-    ahead of the all-pairs one on every group of 2 to 16 ranks (a sample of them here)."""
-    from hccc.builtin_catalog import ONE_SHOT_BYTES
+    ahead of the all-pairs one on every group of 9 to 16 ranks (a sample of them here), the
+    groups ONE_SHOT_BANDS does not list."""
+    from hccc.builtin_catalog import ONE_SHOT_BANDS, ONE_SHOT_BYTES
     from hccc.compiler.ir.one_shot import one_shot_allreduce
 
     def ahead(n, nbytes):
         nbytes -= nbytes % (4 * n)
         return _model_us(one_shot_allreduce(n), nbytes) < _model_us(build_program(gen.direct_allreduce(n)), nbytes)
-    assert all(ahead(n, ONE_SHOT_BYTES) for n in (2, 3, 8, 16))
-    assert not all(ahead(n, 2 * ONE_SHOT_BYTES) for n in (2, 3, 8, 16))
+    assert not set(ONE_SHOT_BANDS) & {9, 12, 16}
+    assert all(ahead(n, ONE_SHOT_BYTES) for n in (9, 12, 16))
+    assert not all(ahead(n, 2 * ONE_SHOT_BYTES) for n in (9, 12, 16))
 
 
 def test_the_small_programs_stay_within_one_node():
-    from hccc.builtin_catalog import ONE_SHOT_BYTES, RD_ALLGATHER_MIN_RANKS, SMALL_BYTES, plan
+    from hccc.builtin_catalog import ONE_SHOT_BANDS, ONE_SHOT_BYTES, RD_ALLGATHER_MIN_RANKS, SMALL_BYTES, plan
     for n in range(2, 17):
         one = {name: (lo, hi) for name, _, lo, hi in plan("allreduce", n, ["a"] * n, None)}
-        assert one == {f"one_shot_allreduce_{n}": (0, ONE_SHOT_BYTES), f"direct_allreduce_{n}": (0, SMALL_BYTES),
-                       f"ring_allreduce_{n}": (0, None)}
+        band = ONE_SHOT_BANDS.get(n, ONE_SHOT_BYTES)
+        assert one == {f"one_shot_allreduce_{n}": (0, band), f"ring_allreduce_{n}": (0, None),
+                       **({f"direct_allreduce_{n}": (0, SMALL_BYTES)} if band < SMALL_BYTES else {})}
         ag = {name for name, *_ in plan("allgather", n, ["a"] * n, None)}
         small = (f"recursive_doubling_allgather_{n}" if n & (n - 1) == 0 and n >= RD_ALLGATHER_MIN_RANKS
                  else f"direct_allgather_{n}")
@@ -293,7 +312,7 @@ def test_the_torch_backend_runs_small_calls_on_the_small_programs():
     from hccc.torch import Options
     from hccc.torch.process_group import stats
     from torch_ranks import ranks_in_threads
-    world, sizes = 3, (96, 8192, SMALL_BYTES // 4 + 32)      # float32 elements per rank
+    world, sizes = 3, (96, 12288, SMALL_BYTES // 4 + 32)     # float32 elements per rank
 
     def job(r):
         def run(pg):
@@ -315,8 +334,9 @@ def test_the_torch_backend_runs_small_calls_on_the_small_programs():
             assert torch.equal(t, world * torch.arange(k, dtype=torch.float32) + sum(range(world)))
             assert torch.equal(out, torch.cat([torch.arange(k, dtype=torch.float32) + 100 * q
                                                for q in range(world)]))
-        # AllReduce: 384 bytes one-shot, 32 KiB all-pairs, above 64 KiB the ring; AllGather's full
-        # buffer is 3 ranks' parts: 1,152 bytes one-step, then the ring
+        # AllReduce: 384 bytes one-shot (up to one_shot_bytes(3), 32 KiB), 48 KiB all-pairs, above
+        # 64 KiB the ring; AllGather's full buffer is 3 ranks' parts: 1,152 bytes one-step, then the
+        # ring
         assert st["entries"] == {"one_shot_allreduce_3": 1, "direct_allreduce_3": 1, "ring_allreduce_3": 1,
                                  "direct_allgather_3": 1, "ring_allgather_3": 2}, st
         # --proto auto: LL up to LL_AUTO_MAX_BYTES (256 KiB), so every call (the largest

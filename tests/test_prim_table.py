@@ -37,26 +37,49 @@ def test_the_budget_holds_its_entries_and_leaves_the_block_its_state():
 @settings(max_examples=examples(50))
 @given(cells=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7)), max_size=200),
        big=st.integers(0, 80), no_table=st.booleans(),
-       collective=st.sampled_from(["allreduce", "allgather", "alltoall"]), a2a_table=st.booleans())
+       collective=st.sampled_from(["allreduce", "allgather", "alltoall"]), a2a_table=st.booleans(),
+       grouped=st.booleans(), groups_table=st.booleans())
 def test_entries_are_the_most_primitives_of_a_block_within_the_budget(cells, big, no_table, collective,
-                                                                       a2a_table):
+                                                                       a2a_table, grouped, groups_table):
     """Against a count of (rank, tb) pairs: the table holds the largest block's primitives where
     they fit the budget and the program may have one (an AllToAll program only where
-    prim_table.ALLTOALL_TABLE is set), else there is none."""
+    prim_table.ALLTOALL_TABLE is set, a program with receive groups only where
+    prim_table.GROUPS_TABLE is), else there is none."""
     cells = cells + [(6, 0)] * big
     ir = SimpleNamespace(nprims=len(cells), collective=collective,
                          prims={"rank": np.array([r for r, _ in cells], np.int32),
                                 "tb": np.array([t for _, t in cells], np.int32)})
     most = max(collections.Counter(cells).values(), default=0)
     assert prim_table.max_block_prims(ir) == most
-    may = not no_table and (collective != "alltoall" or a2a_table)
+    may = not no_table and (collective != "alltoall" or a2a_table) and (not grouped or groups_table)
     want = most if most and most <= prim_table.PTABLE_MAX_PRIMS and may else 0
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(prim_table, "ALLTOALL_TABLE", a2a_table)
+        mp.setattr(prim_table, "GROUPS_TABLE", groups_table)
+        mp.setattr(prim_table, "has_receive_groups", lambda _ir: grouped)
         assert prim_table.ptable_prims(ir, no_table) == want
         stats = prim_table.ptable_stats(ir, no_table)
     assert stats == {"prim_decode": "table" if want else "load", "prim_table_entries": want,
                      "prim_table_bytes": want * prim_table.SPRIM_BYTES}
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_a_program_with_receive_groups_loads_each_primitive(n):
+    """The one-shot AllReduce's receives form a group on every rank (its RECV_REDUCE_COPY rows,
+    counted here): the engine runs N-source units only without a decoded table, so its program
+    takes the per-primitive load; the ring AllReduce, whose rows form none, keeps its table."""
+    from hccc.compiler.ir.one_shot import one_shot_allreduce
+    from hccc.compiler.ir.program_ir import Op
+    one = one_shot_allreduce(n)
+    rr = [int(r) for r, o in zip(one.prims["rank"], one.prims["op"]) if int(o) == int(Op.RECV_REDUCE_COPY)]
+    assert collections.Counter(rr) == {r: n - 1 for r in range(n)}
+    assert prim_table.has_receive_groups(one) and not prim_table.GROUPS_TABLE
+    assert 0 < prim_table.max_block_prims(one) <= prim_table.PTABLE_MAX_PRIMS
+    assert prim_table.ptable_prims(one) == 0
+    assert prim_table.ptable_stats(one, False)["prim_decode"] == "load"
+    ring = build_program(gen.ring_allreduce(n))
+    assert not prim_table.has_receive_groups(ring)
+    assert prim_table.ptable_prims(ring) == prim_table.max_block_prims(ring) > 0
 
 
 def _program_types(out) -> set[str]:

@@ -277,11 +277,16 @@ PD_CALL_BASE = ("seq", "op", "sconn", "spos", "rconn", "rpos", "sbuf", "soff", "
                 "chunk", "post", "task")
 PD_CALL_WAITS = ("ndeps",)
 PD_CALL_DIRECT = ("direct", "dpeer", "pbuf", "poff", "pbase")
+#: ... then a receive group's size (``HCCC_P*G``: the first row of a group the kernels reduce as one
+#: unit, compiler/ir/reduce_groups.py)
+PD_CALL_GROUP = ("nsrc",)
+#: the most receives a group holds (``HCCC_GROUP_RECVS``)
+from hccc.compiler.ir.reduce_groups import GROUP_RECVS  # noqa: E402
 #: fields given as an enumerator name at the call site (``SEND``, ``INPUT``): the prefix that makes
 #: the C constant
 PD_ENUM_PREFIX = {"op": "HCCC_", "sbuf": "HCCC_BUF_", "dbuf": "HCCC_BUF_", "pbuf": "HCCC_BUF_"}
 #: value of a field a macro does not take
-PD_DEFAULT = {"ndeps": "0", "direct": "0", "dpeer": "0", "pbuf": "NONE", "poff": "0", "pbase": "0"}
+PD_DEFAULT = {"ndeps": "0", "direct": "0", "dpeer": "0", "pbuf": "NONE", "poff": "0", "pbase": "0", "nsrc": "0"}
 
 
 def pd_struct_fields() -> tuple[CField, ...]:
@@ -290,13 +295,14 @@ def pd_struct_fields() -> tuple[CField, ...]:
     return tuple(CField(f.name, _PD_CTYPES.get(f.name, "int"), f.doc) for f in PD_FIELDS)
 
 
-def pd_call_fields(waits: bool, direct: bool) -> tuple[str, ...]:
-    """Arguments of ``HCCC_P`` / ``HCCC_PW`` / ``HCCC_PX`` / ``HCCC_PWX``, in order."""
-    return PD_CALL_BASE + (PD_CALL_WAITS if waits else ()) + (PD_CALL_DIRECT if direct else ())
+def pd_call_fields(waits: bool, direct: bool, group: bool = False) -> tuple[str, ...]:
+    """Arguments of ``HCCC_P`` / ``HCCC_PW`` / ``HCCC_PX`` / ``HCCC_PWX`` (and each with ``G``), in order."""
+    return (PD_CALL_BASE + (PD_CALL_WAITS if waits else ()) + (PD_CALL_DIRECT if direct else ())
+            + (PD_CALL_GROUP if group else ()))
 
 
-def pd_macro_name(waits: bool, direct: bool) -> str:
-    return "HCCC_P" + ("W" if waits else "") + ("X" if direct else "")
+def pd_macro_name(waits: bool, direct: bool, group: bool = False) -> str:
+    return "HCCC_P" + ("W" if waits else "") + ("X" if direct else "") + ("G" if group else "")
 
 
 def _wrapped(head: str, items: list[str], indent: int, end: str, width: int = 100) -> list[str]:
@@ -314,22 +320,21 @@ def _wrapped(head: str, items: list[str], indent: int, end: str, width: int = 10
 
 
 def pd_macros() -> str:
-    """The four row macros of a rank's program table: each is an ``hccc_pd`` initialiser (members
+    """The eight row macros of a rank's program table: each is an ``hccc_pd`` initialiser (members
     in declaration order) made from its arguments."""
     out = []
-    for waits in (False, True):
-        for direct in (False, True):
-            name = pd_macro_name(waits, direct)
-            params = pd_call_fields(waits, direct)
-            inits = []
-            for f in pd_struct_fields():
-                v = f.name if f.name in params else PD_DEFAULT[f.name]
-                prefix = PD_ENUM_PREFIX.get(f.name)
-                inits.append(f"{prefix}##{v}" if prefix else v)
-            lines = _wrapped(f"#define {name}(", list(params), len(f"#define {name}("), ")")
-            lines += _wrapped("  {", inits, 3, "}")
-            width = max(len(ln) for ln in lines[:-1]) + 1
-            out.append("\n".join(ln.ljust(width) + "\\" for ln in lines[:-1]) + "\n" + lines[-1])
+    for waits, direct, group in ((w, d, g) for g in (False, True) for w in (False, True) for d in (False, True)):
+        name = pd_macro_name(waits, direct, group)
+        params = pd_call_fields(waits, direct, group)
+        inits = []
+        for f in pd_struct_fields():
+            v = f.name if f.name in params else PD_DEFAULT[f.name]
+            prefix = PD_ENUM_PREFIX.get(f.name)
+            inits.append(f"{prefix}##{v}" if prefix else v)
+        lines = _wrapped(f"#define {name}(", list(params), len(f"#define {name}("), ")")
+        lines += _wrapped("  {", inits, 3, "}")
+        width = max(len(ln) for ln in lines[:-1]) + 1
+        out.append("\n".join(ln.ljust(width) + "\\" for ln in lines[:-1]) + "\n" + lines[-1])
     return "\n".join(out)
 
 
@@ -430,7 +435,7 @@ __all__ = ["VERSION", "TIMER_TICKS_PER_US", "NSLOTS", "REGION_HEADER", "SLOT_OVE
            "PROTOS", "LL_LINE", "LL_DATA", "LL_FLAG_BASE", "LL_EPOCH_SHIFT", "LL_EPOCHS",
            "LL_EPOCH_MESSAGES", "ll_flag", "LL_ZERO_WHEN", "ll_zero", "ll_zero_c", "LL_AUTO_MAX_BYTES", "ll_share_bytes", "resolve_proto",
            "CONN", "ERROR", "ARGS", "STRUCTS", "V_DISPLS", "V_MAP", "V_LENS", "V_REFUSALS",
-           "TABLE_ARGS", "GRID_ARGS", "TABLE_GRID_ARGS", "GRID_FIRST", "LAUNCH_STRUCTS", "WAITS", "PD_CALL_BASE", "PD_CALL_WAITS", "PD_CALL_DIRECT",
+           "TABLE_ARGS", "GRID_ARGS", "TABLE_GRID_ARGS", "GRID_FIRST", "LAUNCH_STRUCTS", "WAITS", "PD_CALL_BASE", "PD_CALL_WAITS", "PD_CALL_DIRECT", "PD_CALL_GROUP", "GROUP_RECVS",
            "PD_ENUM_PREFIX", "PD_DEFAULT", "pd_struct_fields", "pd_call_fields", "pd_macro_name", "pd_macros",
            "CTRL_REGIONS", "ctrl_offset", "ctrl_bytes", "ctrl_offset_c", "ctrl_layout_comment", "c_struct",
            "c_enums", "manifest_abi_error"]

@@ -259,6 +259,9 @@ def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[me
     order). Primitives with direct-mode fields (``dx``,
     :func:`hccc.compiler.backend.direct_fields.direct_fields`) use ``HCCC_PX`` / ``HCCC_PWX``,
     which take ``direct, dpeer, PBUF, poff, pbase`` last, and their comment ends with ``, direct``.
+    The first row of a receive group (:mod:`hccc.compiler.ir.reduce_groups`) adds ``G`` to the
+    macro's name and its group's size as the last argument (``nsrc``); its comment ends with
+    ``, reduces K receives in one unit``.
     """
     p = ir.prims
     n = ir.nprims
@@ -282,10 +285,12 @@ def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[me
         dep_len[col.dep_owner] = off[last + 1] - 2 - off[first]
     sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
     has_x = dx["direct"] != 0 if dx is not None else np.zeros(n, bool)
+    has_g = v["nsrc"] != 0
     rt = RowText(n)
-    rt.text("  HCCC_P").text("W", has_deps).text("X", has_x).text("(")
+    rt.text("  HCCC_P").text("W", has_deps).text("X", has_x).text("G", has_g).text("(")
     # the macro's arguments in the ABI's call order (hccc.compiler.backend.abi.pd_call_fields)
-    for group, where in ((abi.PD_CALL_BASE, None), (abi.PD_CALL_WAITS, has_deps), (abi.PD_CALL_DIRECT, has_x)):
+    for group, where in ((abi.PD_CALL_BASE, None), (abi.PD_CALL_WAITS, has_deps), (abi.PD_CALL_DIRECT, has_x),
+                         (abi.PD_CALL_GROUP, has_g)):
         if where is not None and not where.any():
             continue
         for k in group:
@@ -305,6 +310,7 @@ def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[me
     rt.text(", to r", sends).int(p["send_peer"], sends)
     rt.text(", after progress ", has_deps).blob(blob, dep_start, dep_len, has_deps)
     rt.text(", direct", has_x)
+    rt.text(", reduces ", has_g).int(v["nsrc"], has_g).text(" receives in one unit", has_g)
     return rt.render_view("\n")
 
 

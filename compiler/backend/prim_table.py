@@ -12,7 +12,10 @@ AllToAll program (its kernels carry the AllToAllv path) takes the per-primitive 
 (:data:`ALLTOALL_TABLE`; the engine has its table type, ``hccc_tvprogram<N>``: its entries hold their
 templates at round 0, and another round of an AllToAllv primitive is rebuilt in its entry where the
 cursor moves to it). The table mode's generic kernels (their programs are read at run time) always
-take the per-primitive load.
+take the per-primitive load. So does a program with receive groups
+(:mod:`hccc.compiler.ir.reduce_groups`, :data:`GROUPS_TABLE`): the engine runs a group as N-source
+units only without a table (``hccc_groups_of`` in ``hccc_prims.h``), whose state is the sync lane's
+(``hccc_sgroup``), not the table's entries.
 """
 from __future__ import annotations
 
@@ -45,6 +48,12 @@ PTABLE_MAX_PRIMS = PTABLE_BUDGET_BYTES // SPRIM_BYTES
 #: data loop is at the 64-register budget, which the table's code tips over. With the per-primitive
 #: load, no kernel spills (``tests/test_kernel_registers.py``)
 ALLTOALL_TABLE = False
+#: whether a program with receive groups decodes its primitives into a table: not yet. A table's
+#: engine runs no N-source unit (``hccc_groups_of``): with them beside the table's sync lane, the
+#: sm_90 engine of ring AllReduce 8 (which has no group) spilled 8 B in ``hccc_run`` of every entry
+#: (``ptxas -v``, nvcc 13), the data threads' N-source loop; a program with groups takes the
+#: per-primitive load, which runs them as N-source units (``tests/test_kernel_registers.py``)
+GROUPS_TABLE = False
 
 
 def max_block_prims(ir) -> int:
@@ -58,12 +67,22 @@ def max_block_prims(ir) -> int:
 def ptable_prims(ir, no_table: bool = False) -> int:
     """Entries of ``ir``'s decoded table (0: the per-primitive load); ``no_table``: the kernels
     read the program at run time (the table mode's), and so never have one; an AllToAll program has
-    one only where :data:`ALLTOALL_TABLE`."""
+    one only where :data:`ALLTOALL_TABLE`, a program with receive groups (any the rows form without
+    direct mode: every group codegen emits is one of them) only where :data:`GROUPS_TABLE`."""
     from hccc.compiler.frontend.collectives import spec_of
     n = max_block_prims(ir)
     if no_table or not 0 < n <= PTABLE_MAX_PRIMS:
         return 0
-    return n if ALLTOALL_TABLE or not spec_of(ir.collective).per_pair_counts else 0
+    if not ALLTOALL_TABLE and spec_of(ir.collective).per_pair_counts:
+        return 0
+    return n if GROUPS_TABLE or not has_receive_groups(ir) else 0
+
+
+def has_receive_groups(ir) -> bool:
+    """Whether ``ir`` has receive groups (:func:`hccc.compiler.ir.reduce_groups.reduce_groups`
+    without direct mode: every group codegen emits is one of them)."""
+    from hccc.compiler.ir.reduce_groups import reduce_groups
+    return bool(reduce_groups(ir))
 
 
 def ptable_stats(ir, no_table: bool) -> dict:
@@ -76,4 +95,4 @@ def ptable_stats(ir, no_table: bool) -> dict:
 
 
 __all__ = ["SPRIM_BYTES", "STATIC_SHARED_BYTES", "OTHER_SHARED_BYTES", "PTABLE_BUDGET_BYTES", "PTABLE_MAX_PRIMS",
-           "ALLTOALL_TABLE", "max_block_prims", "ptable_prims", "ptable_stats"]
+           "ALLTOALL_TABLE", "GROUPS_TABLE", "max_block_prims", "has_receive_groups", "ptable_prims", "ptable_stats"]

@@ -324,8 +324,10 @@ def rendezvous_components(ir: ProgramIR, with_depth: bool = False):
     return comp, prev, nxt
 
 
-def _graph(ir: ProgramIR):
-    """Contracted wait graph: (comp per prim, edge source prim, edge target prim)."""
+def _graph(ir: ProgramIR, groups=None):
+    """Contracted wait graph: (comp per prim, edge source prim, edge target prim). ``groups``:
+    receive groups (first row, rows) run as one unit each (:mod:`hccc.compiler.ir.reduce_groups`):
+    the rendezvous of a group's rows are one node, and the program order between its rows is gone."""
     comp, prev, nxt = rendezvous_components(ir)
     ring = np.flatnonzero(comp < 0)
     if len(ring):
@@ -342,6 +344,17 @@ def _graph(ir: ProgramIR):
     tb = p["tb"].astype(np.int64)
     same = (rank[1:] == rank[:-1]) & (tb[1:] == tb[:-1])
     po_a = np.flatnonzero(same)
+    if groups:
+        # a chain ends in at most one receive that reduces without sending, so at most one group
+        # row: relabelling each row's component by its group's first row's unites them all
+        first = np.repeat(np.array([s for s, _ in groups], np.int64), [k for _, k in groups])
+        rows = np.concatenate([np.arange(s, s + k, dtype=np.int64) for s, k in groups])
+        lab = np.arange(ir.nprims, dtype=np.int64)
+        lab[comp[rows]] = comp[first]
+        comp = lab[comp]
+        inside = np.zeros(ir.nprims, bool)
+        inside[rows[rows != first]] = True     # rows after a group's first: no order edge into them
+        po_a = po_a[~inside[po_a + 1]]
     ea = np.concatenate([po_a, np.asarray(ir.dep_on, np.int64)])
     eb = np.concatenate([po_a + 1, np.asarray(ir.dep_prim, np.int64)])
     return comp, ea, eb
@@ -381,9 +394,13 @@ def _kahn(nnodes: int, src: np.ndarray, dst: np.ndarray, rng: np.random.Generato
     return order, remaining
 
 
-def check_deadlock(ir: ProgramIR) -> None:
-    """Raise :class:`DeadlockError` naming a wait cycle if the program can deadlock (see module doc)."""
-    comp, ea, eb = _graph(ir)
+def check_deadlock(ir: ProgramIR, groups=None) -> None:
+    """Raise :class:`DeadlockError` naming a wait cycle if the program can deadlock (see module doc).
+    ``groups``: receive groups, each run as one unit (:mod:`hccc.compiler.ir.reduce_groups`; a
+    group's rows occupy their rendezvous together, so the proof holds with them contracted into one
+    node: in a stuck state, the unfinished node without an unfinished predecessor has every chain
+    into the group able to deliver its next message, and the group can then consume them all)."""
+    comp, ea, eb = _graph(ir, groups)
     ca, cb = comp[ea], comp[eb]
     selfl = np.flatnonzero(ca == cb)
     if len(selfl):

@@ -10,7 +10,9 @@ code generation and the symbolic prover (:func:`hccc.compiler.ir.symbolic.prove`
 
 Rank ``r`` runs ``n`` thread blocks: block ``n - 1`` first copies its input to scratch (``n``
 chunks), then receives rank ``(r - o) % n``'s input for ``o = 1 .. n-1`` in turn, reducing each
-into the output (the first one with the rank's own input); block ``o - 1`` (``o = 1 .. n-1``)
+into the output (the first one with the rank's own input; the kernels run these receives as one
+N-source unit a micro-batch where a unit round holds the ``n`` chunks, 3 to 8 ranks:
+:mod:`hccc.compiler.ir.reduce_groups`); block ``o - 1`` (``o = 1 .. n-1``)
 sends the scratch copy to rank ``(r + o) % n``, micro-batch by micro-batch after the copy (a
 dependency on the same rank, not a hop). The sends read the copy, never the input, so in place
 (where the output is the input) the reductions may overwrite the input while the sends still
@@ -18,7 +20,7 @@ run, and no rank's reductions wait on its sends: a rank's receives then drain ea
 messages whatever the other ranks do (the deadlock check proves it). Every message is
 ``n`` chunks: the call moves ``n - 1`` whole buffers out of each rank, against ``2(n-1)/n`` of
 one for the ring, so it pays only where a hop costs more than the bytes (the built-in catalog's
-:data:`hccc.builtin_catalog.ONE_SHOT_BYTES`).
+:func:`hccc.builtin_catalog.one_shot_bytes`).
 """
 from __future__ import annotations
 

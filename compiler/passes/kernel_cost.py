@@ -8,7 +8,7 @@ simulator (:data:`SIM_COSTS`: every unit's fixed cost and every dependency's hop
 --block-bw``, and :func:`block_gbps_at`, through :mod:`hccc.compiler.passes.channels`) and
 ``benchmarks/kernel_model.py`` read it; ``--fuse``'s, the thread-block allocation's and
 synthesis' choices read it through the simulator; so do the built-in catalog's small-message
-choices within a node (``ONE_SHOT_BYTES``, ``RD_ALLGATHER_MIN_RANKS``:
+choices within a node (``ONE_SHOT_BANDS``, ``ONE_SHOT_BYTES``, ``RD_ALLGATHER_MIN_RANKS``:
 :func:`hccc.runtime.kernel_time.program_time` with ``one_gpu=False``, recomputed by
 tests/test_one_shot.py) and ``--proto auto``'s switch (``abi.LL_AUTO_MAX_BYTES``:
 :func:`hccc.runtime.kernel_time.ll_ahead_up_to`, recomputed by tests/test_kernel_cost.py). The
@@ -32,6 +32,12 @@ kernel generation's unit-level figures on one card:
   one, the fixed part), or at a flat rate where a run measured none; under LL a line carries
   :data:`LL_DATA_FRACTION` of data, and a unit pays a COPY unit's fixed cost (it waits for no flag
   word and posts none);
+- an N-source unit (a receive group, :mod:`hccc.compiler.ir.reduce_groups`): one
+  RECV_REDUCE_COPY unit whose loads are its ``k`` received regions and its source
+  (:func:`hccc.runtime.kernel_time.unit_seconds`' ``sources``), every message into it one hop,
+  where the kernels modelled form it (:func:`hccc.runtime.kernel_time.group_units`: the GPU
+  kernels under LL, not the table mode's generic kernels; elsewhere the group's rows are units of
+  their own, as those kernels run them);
 - a hop (:meth:`KernelCosts.hop_seconds`): what a unit's post takes to reach the unit that waits
   for it on another block, half a flag round trip between two SMs (the ping-pong of the fifth
   run);

@@ -1,0 +1,144 @@
+"""Fused LL chains (docs/kernel-protocol.md "Fused LL chains"): consecutive fused primitives of a
+thread block on one pair of connections run, under LL, in the data threads line by line, every
+micro-batch of each, handed over once (hccc_chain_build, hccc_chain_pieces in hccc_prims.h).
+
+* the emitted kernels on the CPU emulation compute what the reference executor computes, for
+  random valid programs of every collective lowered with fusion, under LL (uneven counts, dtypes,
+  operators, in and out of place, 1 to 3 channels, both code-generation modes, threads per block
+  from one data thread to several warps of the emulated width);
+* where chains form, recomputed from the primitive table with plain loops here
+  (:func:`chains_of`), against the kernel cost model's reading of the same rule
+  (:func:`hccc.runtime.kernel_time.ll_chains`);
+* the model: a chain's units cost their lines alone, its hand-over one unit's fixed cost off the
+  path (it waits for no data), by hand on the fused ring AllReduce.
+"""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.ir.program_ir import Op
+from hccc.compiler.passes.build import build_program
+from hccc.testing import describe_failure, kernel_cases, run_case, valid_programs
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+FUSED = {int(Op.RECV_COPY_SEND), int(Op.RECV_REDUCE_SEND), int(Op.RECV_REDUCE_COPY_SEND)}
+#: the engine's HCCC_CHAIN_PRIMS, HCCC_CHAIN_PIECES and HCCC_NSLOTS
+CHAIN_PRIMS, CHAIN_PIECES, NSLOTS = 8, 1, 8
+
+
+def chains_of(ir, m: int = 1) -> list[list[int]]:
+    """The chains the engine forms under LL (no direct receives) at m micro-batches a primitive,
+    row by row: where m is at most NSLOTS, a fused primitive of CHAIN_PIECES chunk that awaits no
+    dependency and that none awaits starts one, and the rows after it in its thread block join
+    while they are such primitives on the same receive and send connections, up to CHAIN_PRIMS
+    rows and NSLOTS units (rows x m)."""
+    if m > NSLOTS:
+        return []
+    p = {k: v.tolist() for k, v in ir.prims.items()}
+    waiting = set(np.asarray(ir.dep_prim).tolist()) | set(np.asarray(ir.dep_on).tolist())
+    most = min(CHAIN_PRIMS, NSLOTS // m)
+
+    def linkable(i):
+        return p["op"][i] in FUSED and 1 <= p["count"][i] <= CHAIN_PIECES and i not in waiting
+    out, i, n = [], 0, ir.nprims
+    while i < n:
+        if not linkable(i):
+            i += 1
+            continue
+        chain = [i]
+        j = i + 1
+        while (j < n and len(chain) < most and linkable(j)
+               and (p["rank"][j], p["tb"][j]) == (p["rank"][i], p["tb"][i])
+               and (p["recv_peer"][j], p["send_peer"][j], p["channel"][j]) == (p["recv_peer"][i], p["send_peer"][i], p["channel"][i])):
+            chain.append(j)
+            j += 1
+        out.append(chain)
+        i = j
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(valid_programs(max_ranks=6), st.integers(1, 10))
+def test_the_models_chains_are_the_engines_rule(alg, m):
+    from hccc.runtime.kernel_time import ll_chains
+    ir = build_program(alg, fuse=True)
+    assert [list(c) for c in ll_chains(ir, m)] == chains_of(ir, m)
+
+
+def test_the_fused_ring_runs_as_chains():
+    """Ring AllReduce 8 fused: every fused primitive is in a chain, each block's reduce-forward then
+    forward of its chunk (the lowering gives each chunk's fused traffic a block of its own)."""
+    ir = build_program(gen.ring_allreduce(8), fuse=True)
+    chains = chains_of(ir)
+    fused = [i for i in range(ir.nprims) if int(ir.prims["op"][i]) in FUSED]
+    assert sorted(i for c in chains for i in c) == fused
+    assert all([int(ir.prims["op"][i]) for i in c] == [int(Op.RECV_REDUCE_COPY_SEND), int(Op.RECV_COPY_SEND)]
+               for c in chains)
+
+
+def _flat(c, hop_us):
+    from hccc.compiler.passes import kernel_cost as kc
+    return kc.KernelCosts(unit_us={k: (c,) for k in ("COPY", "SEND", "RECV", "RECV_REDUCE_COPY")}, warps=(16,),
+                          flag_round_trip_us=2 * hop_us, launch_per_block_s=0.0, hbm_bytes_per_s=1e30, flat_gbs=1e9)
+
+
+@pytest.mark.parametrize("n", [3, 8])
+def test_a_chain_costs_its_hand_over_off_the_path(n):
+    """The model, by hand: ring AllReduce n fused under LL at one micro-batch is a send, n - 1 hops
+    through n - 2 ranks' chains, the reduce of the rank's own chunk, a dependency to the send that
+    starts the AllGather, n - 1 hops through chains again, the last receive: 4 units and
+    2(n - 1) + 1 hops, every chain handed over before its data arrives (no unit cost); unfused,
+    every receive on the path is a unit."""
+    from hccc.runtime import kernel_time as kt
+    c, hop = 0.3, 0.4
+    fused = build_program(gen.ring_allreduce(n), fuse=True)
+    plain = build_program(gen.ring_allreduce(n))
+    nb = 16 * n
+    t = kt.program_time(fused, nb, _flat(c, hop), slice_bytes=nb, warps=16, proto="ll")
+    assert t.micro_batches == 1
+    assert t.path * 1e6 == pytest.approx(4 * c + (2 * (n - 1) + 1) * hop, rel=1e-9)
+    u = kt.program_time(plain, nb, _flat(c, hop), slice_bytes=nb, warps=16, proto="ll")
+    assert u.path * 1e6 >= (2 * (n - 1) + 1) * (c + hop) - 1e-9
+    s = kt.program_time(fused, nb, _flat(c, hop), slice_bytes=nb, warps=16, proto="simple", direct=False)
+    assert s.path > t.path
+
+
+@needs_gxx
+@pytest.mark.parametrize("make,k,threads", [(lambda: gen.ring_allreduce(4), 1, 3),
+                                            (lambda: gen.ring_allreduce(5), 2, 1),
+                                            (lambda: gen.ring_allgather(4), 3, 9),
+                                            (lambda: gen.ring_reducescatter(3), 1, 2)])
+def test_fixed_fused_programs_under_ll_match_the_reference(make, k, threads):
+    from hccc.compiler.passes.channels import with_channels
+    from hccc.testing import KernelCase
+    ir = with_channels(build_program(make(), fuse=True, chunk_bytes=256), k)
+    assert chains_of(ir)
+    for codegen in ("specialized", "table"):
+        for count, dtype, op in ((1, "float32", "sum"), (ir.nchunks * 37 + 3, "float16", "avg"),
+                                 (ir.nchunks * 400 + 1, "int32", "max"), (ir.nchunks * 1000, "bfloat16", "prod")):
+            for inplace in (False, True):
+                case = KernelCase(count, dtype, op, inplace, threads)
+                res = run_case(ir, case, codegen=codegen, proto="ll", timeout_s=30)
+                assert res.ok and res.proto == "ll", (codegen, describe_failure(case, res))
+
+
+@needs_gxx
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_fused_programs_under_ll_match_the_reference(data):
+    from hccc.compiler.passes.channels import with_channels
+    alg = data.draw(valid_programs(["allgather", "reducescatter", "allreduce", "broadcast", "reduce"], max_ranks=5),
+                    label="program")
+    ir = build_program(alg, fuse=True, chunk_bytes=192)
+    ir = with_channels(ir, data.draw(st.integers(1, 3), label="channels"))
+    case = data.draw(kernel_cases(ir, max_microbatches=12, threads=(1, 2, 5)), label="case")
+    codegen = data.draw(st.sampled_from(["specialized", "table"]), label="codegen")
+    res = run_case(ir, case, codegen=codegen, proto="ll", timeout_s=30)
+    assert res.ok, (codegen, ir.nchannels, describe_failure(case, res))
