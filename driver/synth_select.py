@@ -854,7 +854,10 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     why, not_simulated, fitted, limit_cut, extra = _report(result, bound, fraction, sims, simulated)
     selection = _selection_report(choices, result, fraction, band)
     if selection["time_limit_cut"]:
+        # the limit bound: the report's time_limit_cut and timed_out say so as the comment does
         extra.append(f"time limit: candidates not made or not simulated: {', '.join(selection['time_limit_cut'])}")
+        limit_cut.append(f"candidates not made or not simulated: {', '.join(selection['time_limit_cut'])}")
+        result.timed_out = True
     if band is not None:
         extra += _band_lines(selection["band"], selection["kept"], len(choices))
     elif opts.band and not opts.sizes:
