@@ -29,6 +29,7 @@ import numpy as np
 
 from hccc.compiler.frontend.algorithm import Algorithm
 from hccc.util.diagnostics import CompileError, Diagnostic
+from hccc.compiler.interop.connections import connections
 from hccc.compiler.interop.msccl_format import XmlLimits
 
 
@@ -55,14 +56,9 @@ def connection_refusal(src, dst, channel, nranks: int, lim: XmlLimits) -> str | 
     bound (a rank whose last thread blocks nothing waits on is accepted by the exporter):
     ``hccc synth --for msccl`` weighs its candidates so, and the exporter decides."""
     n = int(nranks)
-    src = np.asarray(src, np.int64)
-    dst = np.asarray(dst, np.int64)
-    if not src.size:
+    pair, c = connections(src, dst, channel, n)
+    if not pair.size:
         return None
-    ch = np.zeros(src.size, np.int64) if channel is None else np.asarray(channel, np.int64)
-    C = int(ch.max()) + 1
-    keys, c = np.unique((src * n + dst) * C + ch, return_counts=True)
-    pair = keys // C
     runs = -(-c // lim.max_steps)
     tbs = np.bincount(pair // n, weights=runs, minlength=n) + np.bincount(pair % n, weights=runs, minlength=n)
     r, most = _worst(tbs.astype(np.int64))
@@ -84,10 +80,9 @@ def check_transfers_fit(src, dst, nranks: int, lim: XmlLimits, *, channel=None, 
     dst = np.asarray(dst, dtype=np.int64)
     msgs: list[str] = []
     if len(src):
-        ch = np.zeros(src.size, np.int64) if channel is None else np.asarray(channel, dtype=np.int64)
-        conns, per_conn = np.unique((src * n + dst) * (int(ch.max()) + 1) + ch, return_counts=True)
+        conn_pair, per_conn = connections(src, dst, channel, n)
         # connections of a pair, each cut into runs of at most max_steps (per instance)
-        keys, at = np.unique(conns // (int(ch.max()) + 1), return_inverse=True)
+        keys, at = np.unique(conn_pair, return_inverse=True)
         runs = np.bincount(at, weights=-(-per_conn // lim.max_steps)).astype(np.int64)
         pair = np.bincount(at, weights=per_conn).astype(np.int64)
         nch = np.bincount(at).astype(np.int64)

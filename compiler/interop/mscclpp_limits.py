@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from hccc.util.diagnostics import CompileError, Diagnostic
+from hccc.compiler.interop.connections import connections
 from hccc.compiler.interop.mscclpp_plan import BUFFER_ALIGNMENT, MAX_BYTE_OFFSET, PlanLimits
 from hccc.compiler.ir.program_ir import Op, ProgramIR
 
@@ -64,16 +65,11 @@ def estimate_plan_blocks(src, dst, nodes: np.ndarray, lim: PlanLimits, channel=N
     :data:`PLAN_OPS_PER_RECEIVE` operations, each end cut into segments of at most
     ``max_operations``. An estimate (the exporter counts exactly), from the transfers alone, so a
     program is weighed before it is built."""
-    src = np.asarray(src, np.int64)
-    dst = np.asarray(dst, np.int64)
     R = int(np.asarray(nodes).size)
     out = np.zeros(R, np.int64)
-    if not src.size:
+    pair, c = connections(src, dst, channel, R)
+    if not pair.size:
         return out
-    ch = np.zeros(src.size, np.int64) if channel is None else np.asarray(channel, np.int64)
-    C = int(ch.max()) + 1
-    keys, c = np.unique((src * R + dst) * C + ch, return_counts=True)
-    pair = keys // C
     m = int(lim.max_operations)
     out += np.bincount(pair // R, weights=-(-(PLAN_OPS_PER_SEND * c) // m), minlength=R).astype(np.int64)
     out += np.bincount(pair % R, weights=-(-(PLAN_OPS_PER_RECEIVE * c) // m), minlength=R).astype(np.int64)
