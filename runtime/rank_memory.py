@@ -477,17 +477,7 @@ def synchronize_in_background(platforms, name: str):
     exception a synchronize raised, the thread)."""
     done = threading.Event()
     failure: list[BaseException] = []
-
-    def waiter():
-        try:
-            for pf in platforms:
-                pf.synchronize()
-        except BaseException as exc:     # reported by the caller, in its own thread
-            failure.append(exc)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=waiter, name=name, daemon=True)
+    thread = threading.Thread(target=_synchronize, args=(platforms, done, failure), name=name, daemon=True)
     try:
         thread.start()
     except RuntimeError as exc:
@@ -495,7 +485,7 @@ def synchronize_in_background(platforms, name: str):
             raise
         # no thread to spare (no memory for its stack): the kernels already run and must finish
         # before their memory is freed, so wait for them here (their own timeout still holds)
-        waiter()
+        _synchronize(platforms, done, failure)
         thread = _Finished()
     return done, failure, thread
 
@@ -538,18 +528,23 @@ class BackgroundSync:
             self._tasks = None
 
 
+def _synchronize(platforms, done: threading.Event, failure: list) -> None:
+    """Every platform of ``platforms`` synchronized, then ``done`` set; what failed appended to
+    ``failure`` (reported by the caller, in its own thread)."""
+    try:
+        for pf in platforms:
+            pf.synchronize()
+    except BaseException as exc:
+        failure.append(exc)
+    finally:
+        done.set()
+
+
 def _sync_tasks(tasks: queue.SimpleQueue) -> None:
     """:class:`BackgroundSync`'s thread: each task's platforms synchronized, its Event set."""
     while (task := tasks.get()) is not None:
-        platforms, done, failure = task
-        try:
-            for pf in platforms:
-                pf.synchronize()
-        except BaseException as exc:     # reported by the caller, in its own thread
-            failure.append(exc)
-        finally:
-            done.set()
-        del task, platforms, failure     # (nothing of a wait held until the next)
+        _synchronize(*task)
+        del task                         # (nothing of a wait held until the next)
 
 
 class _Waited:

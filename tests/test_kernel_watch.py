@@ -124,3 +124,24 @@ def test_waits_through_a_kept_thread_use_it_for_every_wait_and_fall_back_while_i
     sync.close()
     quick.threads[0].join(5.0)
     assert not quick.threads[0].is_alive()
+
+
+def test_a_wait_without_a_thread_to_spare_synchronizes_in_the_caller():
+    """Where no thread can start (no memory for its stack), the platforms are synchronized in the
+    caller before it returns: the kernels finish before their memory could be freed."""
+    import threading
+    from unittest import mock
+
+    from hccc.runtime import rank_memory
+
+    calls = []
+
+    class Pf:
+        def synchronize(self):
+            calls.append(self)
+
+    pfs = [Pf(), Pf()]
+    with mock.patch.object(threading.Thread, "start", side_effect=RuntimeError("can't start new thread")):
+        done, failure, thread = rank_memory.synchronize_in_background(pfs, "test-wait")
+    assert done.is_set() and failure == [] and calls == pfs
+    thread.join()
