@@ -13,12 +13,14 @@ mirror of the sender's ``head``. The transport's progress thread (C++, not Pytho
 carries what the kernel published to the peer: a small slot as one message that the peer's
 thread unpacks (data into the slot, then the tail), a large one as puts into the peer's
 registered memory, then (ordered after them) the tail (:func:`am_bytes_limit` draws the line);
-heads as credits. Direct mode needs the peer's destination buffer mapped, so the
+heads as credits (a message into a sender's host memory, which its thread writes; a put into a
+GPU sender's memory). Direct mode needs the peer's destination buffer mapped, so the
 Communicator, which launches kernels without peer buffer pointers, never uses it, on one node or
 across nodes: every cross-node connection goes through the FIFO.
 
 **Host side.** Each rank's host segment (barrier counter, call record, state, failure reason,
-heartbeat) is mirrored into every remote peer's memory by the same thread whenever it changes, so
+heartbeat) goes to every remote peer as a message whenever it changes (its thread writes it into
+the peer's mirror of this rank; a peer's messages are applied in the order they were sent), so
 the Communicator's barriers, call checks and failure reports read a remote peer exactly as a local
 one. A remote peer is gone when its endpoint fails (connection closed or reset: the process died,
 or the link dropped) and stopped when its heartbeat (stamped every 100 ms by its progress thread)
@@ -252,16 +254,16 @@ class NetLink:
         base = np.frombuffer(self._mirrors, dtype=np.uint8)
         mirror_addr = int(base.ctypes.data)
         del base
-        mirror_key = tx.register(mirror_addr, SEGMENT_STRIDE * self.world)
+        # "host": this rank's control block is host memory its proxy writes (credits come as
+        # messages); "am": the largest slot message its proxy unpacks
         me = {"addr": tx.address().hex(), "ctrl": mem.ctrl, "slots": mem.slots,
-              "mirrors": mirror_addr, "keys": [ctrl_key.hex(), slots_key.hex(), mirror_key.hex()],
-              "am": self.am_bytes}
+              "keys": [ctrl_key.hex(), slots_key.hex()], "am": self.am_bytes,
+              "host": mem.platform.name == "cpu"}
         infos = [json.loads(b) for b in exchange(json.dumps(me).encode(), "net")]
         self.info = infos
         for r in self.remote:
             p = infos[r]
-            tx.connect(r, bytes.fromhex(p["addr"]), [bytes.fromhex(k) for k in p["keys"]],
-                       int(p["mirrors"]))
+            tx.connect(r, bytes.fromhex(p["addr"]), [bytes.fromhex(k) for k in p["keys"]])
             self._views[r] = memoryview(self._mirrors)[r * SEGMENT_STRIDE:(r + 1) * SEGMENT_STRIDE]
         # mirrors of the remote ends this rank's kernel writes
         remote = set(self.remote)
@@ -274,7 +276,7 @@ class NetLink:
         self.mslots = alloc_slots(max(step * len(self._sends), 256))
         tx.register(self.mslots, max(step * len(self._sends), 256), remote=False)
         self.mwords = alloc_words(8 * max(len(self._sends) + len(self._recvs), 1))
-        tx.set_segment(host_seg, MIRROR_BYTES, SEGMENT_STRIDE, BEAT_OFFSET)
+        tx.set_segment(host_seg, MIRROR_BYTES, SEGMENT_STRIDE, BEAT_OFFSET, mirror_addr)
 
     def host_mirror(self, peer: int) -> _Mirror:
         """The local mirror of remote ``peer``'s host segment."""
@@ -294,7 +296,8 @@ class NetLink:
             info = self.info[peer]
             tx.add_send(peer, mslots, mtail, int(info["slots"]) + j * plans[peer].fifo_bytes,
                         int(info["ctrl"]) + plans[peer].tail_offset(j), plans[peer].slot_bytes,
-                        plans[peer].nslots, j, min(self.am_bytes, int(info.get("am", 0))))
+                        plans[peer].nslots, j, min(self.am_bytes, int(info.get("am", 0))),
+                        send[k][1] if mem.platform.name == "cpu" else None)
         for i, (j, peer) in enumerate(self._recvs):
             if self.am_bytes > 0:           # the sender may send its slots as messages
                 tx.add_inbound(j, peer, recv[j][0], plan.slot_bytes, plan.nslots, recv[j][2])
@@ -302,7 +305,7 @@ class NetLink:
             mhead = self.mwords + 8 * (len(self._sends) + i)
             recv[j] = (recv[j][0], mhead, recv[j][2])
             tx.add_recv(peer, mhead, int(self.info[peer]["ctrl"]) + plans[peer].send_head_offset(k),
-                        recv[j][2], plan.nslots)
+                        recv[j][2], plan.nslots, bool(self.info[peer].get("host")))
         if mem.platform.name == "cpu":
             # the words the peers' puts change (the tails of remote senders' FIFOs, the heads of
             # remote receivers) are what this rank's kernel threads sleep on: the thread wakes them

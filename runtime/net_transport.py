@@ -27,16 +27,19 @@ class Transport(abc.ABC):
         """Register memory; the packed remote key when ``remote`` (else b"")."""
 
     @abc.abstractmethod
-    def connect(self, peer: int, address: bytes, keys: list[bytes], mirror_base: int) -> None:
-        """An endpoint to ``peer`` with its keys (control block, slot block, host mirrors)."""
+    def connect(self, peer: int, address: bytes, keys: list[bytes]) -> None:
+        """An endpoint to ``peer`` with its keys (control block, slot block)."""
 
     @abc.abstractmethod
     def add_send(self, peer: int, mslots: int, mtail: int, rslots: int, rtail: int,
-                 slot_bytes: int, nslots: int, rconn: int = 0, am_bytes: int = 0) -> None:
+                 slot_bytes: int, nslots: int, rconn: int = 0, am_bytes: int = 0,
+                 head: int | None = None) -> None:
         """A send to a remote receiver: the FIFO and tail mirrors here, the receiver's FIFO and
         tail there, the receiver's index of the connection (``rconn``). A slot whose message
         holds at most ``am_bytes`` goes as one message that the receiver's proxy unpacks
-        (:meth:`add_inbound`); larger ones as puts, a fence and a tail put."""
+        (:meth:`add_inbound`); larger ones as puts, a fence and a tail put. ``head``: this rank's
+        head word of the send (host memory), where the receiver's credits arrive as messages
+        (None: they arrive as puts)."""
 
     @abc.abstractmethod
     def add_inbound(self, conn: int, peer: int, slots: int, slot_bytes: int, nslots: int,
@@ -47,10 +50,11 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def add_recv(self, peer: int, mhead: int, rhead: int, tail: int | None = None,
-                 nslots: int = 0) -> None:
+                 nslots: int = 0, message: bool = False) -> None:
         """A receive from a remote sender: the mirror of its head here, its head there; ``tail``
         (this rank's tail word of the connection) and ``nslots`` let a credit wait briefly while
-        the sender still has free slots (None: credits go at once)."""
+        the sender still has free slots (None: credits go at once); ``message``: the sender's
+        head is host memory its proxy writes (credits go as messages, not puts)."""
 
     @abc.abstractmethod
     def add_watch(self, word: int) -> None:
@@ -58,7 +62,11 @@ class Transport(abc.ABC):
         threads may sleep on: the progress thread wakes them when it changes."""
 
     @abc.abstractmethod
-    def set_segment(self, ptr: int, nbytes: int, stride: int, beat_offset: int) -> None: ...
+    def set_segment(self, ptr: int, nbytes: int, stride: int, beat_offset: int,
+                    mirrors: int) -> None:
+        """This rank's host segment (``nbytes`` at ``ptr``; the heartbeat at ``beat_offset``),
+        sent to every remote peer whenever it changes; ``mirrors``: where the peers' segments
+        arrive (``stride`` bytes per rank)."""
 
     @abc.abstractmethod
     def set_shape(self, region_bytes: int, region_used: int, max_cnt: int) -> None: ...
@@ -89,7 +97,7 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def counters(self) -> tuple[int, int]:
-        """(puts, bytes put) so far."""
+        """(operations, bytes) sent over the network so far: puts and messages."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -14,12 +14,20 @@
 //     - large: put the slots into the receiver's registered FIFO, then (after a fence: every put
 //       before it is complete at the target before any put after it) put the tail value t into the
 //       receiver's control block;
-//   * a receive mirror's head moved: put the new head into the sender's control block (the credit;
+//   * a receive mirror's head moved: the new head goes to the sender's control block (the credit;
 //     the receiver had finished reading those slots before it posted it); a credit the sender
 //     cannot be waiting for yet waits up to CREDIT_DELAY_NS so that a slot sent right after it
 //     goes first;
 //   * a host-segment mirror changed (the host's barrier words, call record, state, reason and the
-//     heartbeat this thread stamps): put it into every remote peer's mirror of this rank's segment.
+//     heartbeat this thread stamps): it goes to every remote peer's mirror of this rank's segment.
+// Credits into host memory (a sender in CPU emulation) and host segments travel as control
+// messages (AM_CTRL), not puts: over a transport without RDMA (TCP) UCX emulates a put and the
+// target acks it, and an ack on an endpoint that has failed meanwhile (the peer closed it while
+// this process was stopped) is fatal inside UCX ("Endpoint timeout" in ucp_put_handler); a
+// message needs no answer. Each peer's control messages carry a sequence number and are applied
+// in that order (UCX does not promise that active messages keep their order), so that a credit
+// posted before a barrier word lands before it, as the drain's flush makes puts do. Credits into
+// device memory (a GPU sender) stay puts.
 // A slot is sent only as far as the launch uses it: every region holds a 16-byte header and at
 // most 16 + slice bytes of data, so a message costs max_cnt * min(region, 32 + slice) bytes, not a
 // whole slot (hn_set_shape, per call, before the launch; read after the tail that shows a slot,
@@ -63,8 +71,29 @@ namespace {
 
 struct Peer {
   ucp_ep_h ep = nullptr;
-  ucp_rkey_h rkey[3] = {nullptr, nullptr, nullptr};  // control block, slot block, host mirrors
+  ucp_rkey_h rkey[2] = {nullptr, nullptr};           // control block, slot block
   std::atomic<int> status{0};                        // 0 = fine, else a ucs_status_t
+  uint64_t ctrl_sent = 0;       // control messages sent to the peer (the next one's number)
+  uint64_t ctrl_next = 0;       // the number of the next control message from it to apply
+};
+
+// The header of a control message (AM_CTRL): a credit (the word at `addr`, a send's head in the
+// receiver's memory, becomes `value`) or a host segment (the data: the sender's segment, for the
+// receiver's mirror of it); `seq` orders a peer's control messages.
+struct CtrlHdr {
+  uint32_t kind;                // CTRL_CREDIT, CTRL_SEGMENT
+  uint32_t sender;
+  uint64_t seq;
+  uint64_t addr, value;
+};
+enum : uint32_t { CTRL_CREDIT = 1, CTRL_SEGMENT = 2 };
+static_assert(sizeof(CtrlHdr) == 32, "CtrlHdr layout");
+// Control messages that arrived before an earlier one of their peer, kept until it comes: at most
+// this many per process (each at most a host segment); past it, they are dropped and counted.
+constexpr size_t CTRL_EARLY_MAX = 1024;
+struct EarlyCtrl {
+  CtrlHdr h;
+  std::vector<char> data;
 };
 
 // The header of a slot's active message (AM_SLOT): which of the receiver's connections, which
@@ -77,7 +106,9 @@ struct SlotHdr {
   uint32_t nreg, reg_used;
   uint64_t reg_stride;
 };
-enum : unsigned { AM_SLOT = 1 };
+enum : unsigned { AM_SLOT = 1, AM_CTRL = 2 };
+// (the diagnostics of net_ucx.py pack both headers as 32 bytes: "<IIQIIQ", "<IIQQQ")
+static_assert(sizeof(SlotHdr) == 32, "SlotHdr layout");
 
 struct SendConn {
   int peer;
@@ -89,6 +120,8 @@ struct SendConn {
   uint32_t rconn;               // the receiver's index of this connection (AM header)
   uint64_t am_bytes;            // slot messages up to this size go as one active message
   std::vector<SlotHdr> hdr;     // one header per slot (read by UCX until the message has left)
+  uint64_t* head = nullptr;     // this rank's head word of the send, where credits arrive as
+                                // control messages (host memory; null: they arrive as puts)
 };
 
 // A receive connection whose sender is on another node, as the active-message path fills it: the
@@ -112,6 +145,7 @@ struct RecvConn {
   const uint64_t* tail;         // this rank's tail of the connection (what the sender published)
   uint64_t nslots;
   uint64_t since = 0;           // when an unsent credit was first seen (0: none)
+  bool message = false;         // credits go as control messages (the sender's head: host memory)
 };
 
 // A word this process's kernels wait on that a remote peer writes (a receive FIFO's tail, a send's
@@ -149,12 +183,13 @@ struct Net {
   std::vector<SendConn> sends;
   std::vector<RecvConn> recvs;
   std::vector<Inbound> inbound; // by receive-connection index
-  // this rank's host segment: pushed to mirror_base[peer] + rank * seg_stride on each remote peer
+  // this rank's host segment: sent to each remote peer's mirror of it (its mirrors, rank * seg_stride)
   char* seg = nullptr;
   uint64_t seg_len = 0, seg_stride = 0;
   int rank = 0;
-  std::vector<uint64_t> mirror_base;
+  char* mirrors = nullptr;      // this rank's mirrors of the remote peers' segments (seg_stride apart)
   std::vector<char> seg_last;
+  std::vector<EarlyCtrl> early; // control messages waiting for an earlier one of their peer
   uint64_t* beat = nullptr;     // heartbeat word inside the host segment
   std::vector<Pending> pending;
   void* flush_req = nullptr;
@@ -164,6 +199,7 @@ struct Net {
   std::atomic<uint64_t> drain_req{0}, drain_done{0}, reset_req{0}, reset_done{0};
   std::atomic<uint64_t> region_bytes{0}, region_used{0}, max_cnt{1};
   std::atomic<uint64_t> bytes_put{0}, puts{0}, ams{0}, am_bytes{0}, accepted{0}, rejected{0};
+  std::atomic<uint64_t> ctrls{0}, ctrl_bytes{0}, ctrl_rejected{0};
   uint64_t serving_drain = 0;
   int efd = -1;                 // the worker's event fd: network activity wakes an idle thread
   std::vector<std::pair<size_t, uint64_t>> tails;   // scratch of push(): (send conn, new tail)
@@ -249,6 +285,88 @@ void am_slot(Net* n, int peer, const SlotHdr* hdr, const void* buf, size_t len, 
 
 void wake(uint64_t* word) {
   syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// One control message to `peer`: header and `len` bytes of `data` in one heap block, freed once
+// UCX no longer reads it.
+void ctrl_msg(Net* n, int peer, uint32_t kind, uint64_t addr, uint64_t value, const void* data,
+              size_t len) {
+  Peer* p = n->peers[peer];
+  char* block = static_cast<char*>(malloc(sizeof(CtrlHdr) + len));
+  CtrlHdr* h = reinterpret_cast<CtrlHdr*>(block);
+  *h = CtrlHdr{kind, (uint32_t)n->rank, p->ctrl_sent++, addr, value};
+  if (len) memcpy(block + sizeof(CtrlHdr), data, len);
+  ucp_request_param_t prm;
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  prm.flags = UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t r = ucp_am_send_nbx(p->ep, AM_CTRL, h, sizeof(CtrlHdr),
+                                       block + sizeof(CtrlHdr), len, &prm);
+  n->ctrls.fetch_add(1, std::memory_order_relaxed);
+  n->ctrl_bytes.fetch_add(sizeof(CtrlHdr) + len, std::memory_order_relaxed);
+  track(n, p, r, block);
+}
+
+// Apply one control message of the peer whose turn it is: a credit into the head word of one of
+// this rank's sends to that peer, a segment into this rank's mirror of the peer's; anything else
+// (an address that is no such head, a segment of another size) is dropped and counted.
+void apply_ctrl(Net* n, const CtrlHdr& h, const void* data, size_t length) {
+  if (h.kind == CTRL_CREDIT && length == 0) {
+    for (SendConn& c : n->sends) {
+      if (c.peer != (int)h.sender || c.head == nullptr || (uint64_t)(uintptr_t)c.head != h.addr)
+        continue;
+      __atomic_store_n(c.head, h.value, __ATOMIC_RELEASE);
+      wake(c.head);
+      return;
+    }
+  } else if (h.kind == CTRL_SEGMENT && n->mirrors != nullptr && length == n->seg_len) {
+    memcpy(n->mirrors + (uint64_t)h.sender * n->seg_stride, data, length);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    return;
+  }
+  n->ctrl_rejected.fetch_add(1, std::memory_order_relaxed);
+}
+
+// A control message arrived (inside ucp_worker_progress, on the progress thread): applied if it
+// is its peer's next one (then every kept one that follows it), kept if an earlier one is still
+// to come, dropped (counted) if its number was applied already or it names no remote peer.
+ucs_status_t on_ctrl(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                     const ucp_am_recv_param_t* param) {
+  Net* n = static_cast<Net*>(arg);
+  CtrlHdr h;
+  if (header_length != sizeof h || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    n->ctrl_rejected.fetch_add(1, std::memory_order_relaxed);
+    return UCS_OK;
+  }
+  memcpy(&h, header, sizeof h);
+  Peer* p = h.sender < n->peers.size() ? n->peers[h.sender] : nullptr;
+  if (p == nullptr || h.seq < p->ctrl_next || length > n->seg_stride) {
+    n->ctrl_rejected.fetch_add(1, std::memory_order_relaxed);
+    return UCS_OK;
+  }
+  if (h.seq > p->ctrl_next) {
+    if (n->early.size() >= CTRL_EARLY_MAX) {
+      n->ctrl_rejected.fetch_add(1, std::memory_order_relaxed);
+      return UCS_OK;
+    }
+    const char* d = static_cast<const char*>(data);
+    n->early.push_back(EarlyCtrl{h, std::vector<char>(d, d + length)});
+    return UCS_OK;
+  }
+  apply_ctrl(n, h, data, length);
+  ++p->ctrl_next;
+  for (bool more = true; more && !n->early.empty();) {
+    more = false;
+    for (size_t i = 0; i < n->early.size(); ++i) {
+      EarlyCtrl& e = n->early[i];
+      if (e.h.sender != h.sender || e.h.seq != p->ctrl_next) continue;
+      apply_ctrl(n, e.h, e.data.data(), e.data.size());
+      ++p->ctrl_next;
+      n->early.erase(n->early.begin() + (long)i);
+      more = true;
+      break;
+    }
+  }
+  return UCS_OK;
 }
 
 // A slot's active message arrived (inside ucp_worker_progress, on the progress thread): check it
@@ -402,7 +520,8 @@ bool push(Net* n, bool force = false) {
       }
     }
     c.since = 0;
-    put_word(n, c.peer, h, c.rhead);
+    if (c.message) ctrl_msg(n, c.peer, CTRL_CREDIT, c.rhead, h, nullptr, 0);
+    else put_word(n, c.peer, h, c.rhead);
     c.sent = h;
     any = true;
   }
@@ -412,10 +531,7 @@ bool push(Net* n, bool force = false) {
       memcpy(n->seg_last.data(), n->seg, n->seg_len);
       for (size_t r = 0; r < n->peers.size(); ++r) {
         if (!peer_ok(n, (int)r)) continue;
-        void* copy = malloc(n->seg_len);
-        memcpy(copy, n->seg_last.data(), n->seg_len);
-        put(n, (int)r, copy, n->seg_len, n->mirror_base[r] + (uint64_t)n->rank * n->seg_stride, 2,
-            copy);
+        ctrl_msg(n, (int)r, CTRL_SEGMENT, 0, 0, n->seg_last.data(), n->seg_len);
       }
       any = true;
     }
@@ -549,7 +665,6 @@ HN_API void* hn_create(int rank, int world, char* err, int errlen) {
   Net* n = new Net();
   n->rank = rank;
   n->peers.assign(world, nullptr);
-  n->mirror_base.assign(world, 0);
   // The same for the TCP transport's own keepalive (idle 10 s, then probes every 2 s): on a loaded
   // 2-core host it still ended live peers' endpoints as timed out ("Endpoint timeout" in
   // ucp_put_handler, fatal inside UCX). Off unless the environment sets it (setenv does not
@@ -590,6 +705,11 @@ HN_API void* hn_create(int rank, int world, char* err, int errlen) {
     ap.cb = on_slot;
     ap.arg = n;
     st = ucp_worker_set_am_recv_handler(n->worker, &ap);
+    if (st == UCS_OK) {
+      ap.id = AM_CTRL;
+      ap.cb = on_ctrl;
+      st = ucp_worker_set_am_recv_handler(n->worker, &ap);
+    }
   }
   if (st != UCS_OK) {
     snprintf(err, errlen, "%s", ucs_status_string(st));
@@ -636,13 +756,11 @@ HN_API long hn_register(void* h, void* ptr, uint64_t len, char* buf, long cap) {
   return out;
 }
 
-// Connect to `peer` (its worker address) and unpack its three remote keys; 0 or a ucs_status_t.
-HN_API int hn_connect(void* h, int peer, const char* addr, const char* k0, const char* k1,
-                      const char* k2, uint64_t mirror_base) {
+// Connect to `peer` (its worker address) and unpack its two remote keys (control block, slot block); 0 or a ucs_status_t.
+HN_API int hn_connect(void* h, int peer, const char* addr, const char* k0, const char* k1) {
   Net* n = static_cast<Net*>(h);
   Peer* p = new Peer();
   n->peers[peer] = p;
-  n->mirror_base[peer] = mirror_base;
   ucp_ep_params_t ep;
   memset(&ep, 0, sizeof ep);
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -653,8 +771,8 @@ HN_API int hn_connect(void* h, int peer, const char* addr, const char* k0, const
   ep.err_handler.arg = p;
   ucs_status_t st = ucp_ep_create(n->worker, &ep, &p->ep);
   if (st != UCS_OK) { p->ep = nullptr; return (int)st; }
-  const char* keys[3] = {k0, k1, k2};
-  for (int i = 0; i < 3; ++i) {
+  const char* keys[2] = {k0, k1};
+  for (int i = 0; i < 2; ++i) {
     st = ucp_ep_rkey_unpack(p->ep, keys[i], &p->rkey[i]);
     if (st != UCS_OK) return (int)st;
   }
@@ -663,14 +781,15 @@ HN_API int hn_connect(void* h, int peer, const char* addr, const char* k0, const
 
 // A send to a remote receiver: its FIFO mirror and tail mirror here, the receiver's FIFO and tail
 // there, and the receiver's index of the connection; slot messages of at most am_bytes go as one
-// active message each (0: always puts).
+// active message each (0: always puts); `head`: this rank's head word of the send, where the
+// receiver's credits arrive as control messages (host memory; null: as puts).
 HN_API void hn_add_send(void* h, int peer, void* mslots, void* mtail, uint64_t rslots,
                         uint64_t rtail, uint64_t slot_bytes, uint64_t nslots, uint32_t rconn,
-                        uint64_t am_bytes) {
+                        uint64_t am_bytes, void* head) {
   Net* n = static_cast<Net*>(h);
   n->sends.push_back(SendConn{peer, static_cast<char*>(mslots), static_cast<uint64_t*>(mtail),
                               rslots, rtail, slot_bytes, nslots, 0, rconn, am_bytes,
-                              std::vector<SlotHdr>(nslots)});
+                              std::vector<SlotHdr>(nslots), static_cast<uint64_t*>(head)});
 }
 
 // A receive from a remote sender that may come as active messages: this rank's FIFO (nslots
@@ -698,18 +817,22 @@ HN_API void hn_add_watch(void* h, void* word) {
 }
 
 // A receive from a remote sender: the mirror of its head here, its head there, and this rank's
-// tail word of the connection with the FIFO's depth (null: credits never wait).
+// tail word of the connection with the FIFO's depth (null: credits never wait); `message`: the
+// head is host memory that the sender's proxy writes (credits as control messages, not puts).
 HN_API void hn_add_recv(void* h, int peer, void* mhead, uint64_t rhead, void* tail,
-                        uint64_t nslots) {
+                        uint64_t nslots, int message) {
   Net* n = static_cast<Net*>(h);
   n->recvs.push_back(RecvConn{peer, static_cast<uint64_t*>(mhead), rhead, 0,
-                              static_cast<const uint64_t*>(tail), nslots});
+                              static_cast<const uint64_t*>(tail), nslots, 0, message != 0});
 }
 
 // This rank's host segment: its first `len` bytes go to every remote peer's mirror; the proxy
-// stamps `beat` (an offset into it) with its clock every 100 ms.
-HN_API void hn_set_segment(void* h, void* seg, uint64_t len, uint64_t stride, uint64_t beat_off) {
+// stamps `beat` (an offset into it) with its clock every 100 ms. `mirrors`: this rank's mirrors
+// of the peers' segments (`stride` bytes per rank), where their segments arrive.
+HN_API void hn_set_segment(void* h, void* seg, uint64_t len, uint64_t stride, uint64_t beat_off,
+                           void* mirrors) {
   Net* n = static_cast<Net*>(h);
+  n->mirrors = static_cast<char*>(mirrors);
   n->seg = static_cast<char*>(seg);
   n->seg_len = len;
   n->seg_stride = stride;
@@ -789,23 +912,24 @@ HN_API void hn_counters(void* h, uint64_t* out) {
   out[3] = n->am_bytes.load();
   out[4] = n->accepted.load();
   out[5] = n->rejected.load();
+  out[6] = n->ctrls.load();
+  out[7] = n->ctrl_bytes.load();
+  out[8] = n->ctrl_rejected.load();
 }
 
-// Diagnostics, only before hn_start (the calling thread drives the worker): send one slot
-// message with the header given (any values, to test what the receiver accepts) and `len` bytes
-// of `data`, and progress until it has left; 0, or a ucs_status_t.
-HN_API int hn_send_slot_message(void* h, int peer, uint32_t conn, uint32_t sender, uint64_t seq,
-                                uint32_t nreg, uint32_t reg_used, uint64_t reg_stride,
-                                const void* data, uint64_t len, long timeout_ms) {
+// Diagnostics, only before hn_start (the calling thread drives the worker): send one active
+// message as the proxy does, on id `am` (1: a slot, 2: a control message) with any header
+// (`hlen` bytes, to test what the receiver accepts) and `len` bytes of `data`, and progress until
+// it has left; 0, or a ucs_status_t.
+HN_API int hn_send_message(void* h, int peer, unsigned am, const void* header, uint64_t hlen,
+                           const void* data, uint64_t len, long timeout_ms) {
   Net* n = static_cast<Net*>(h);
   if (n->th.joinable() || peer < 0 || peer >= (int)n->peers.size() || !peer_ok(n, peer))
     return (int)UCS_ERR_INVALID_PARAM;
-  SlotHdr hdr{conn, sender, seq, nreg, reg_used, reg_stride};
   ucp_request_param_t prm;
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   prm.flags = UCP_AM_SEND_FLAG_EAGER;
-  ucs_status_ptr_t r = ucp_am_send_nbx(n->peers[peer]->ep, AM_SLOT, &hdr, sizeof hdr, data, len,
-                                       &prm);
+  ucs_status_ptr_t r = ucp_am_send_nbx(n->peers[peer]->ep, am, header, hlen, data, len, &prm);
   if (UCS_PTR_IS_ERR(r)) return (int)UCS_PTR_STATUS(r);
   if (r == nullptr) return 0;
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);

@@ -13,6 +13,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import struct
 import threading
 from importlib import resources
 from pathlib import Path
@@ -70,13 +71,12 @@ def library(cache_dir=None) -> ctypes.CDLL:
             "hn_create": (vp, [i32, i32, ctypes.c_char_p, i32]),
             "hn_address": (lng, [vp, ctypes.c_char_p, lng]),
             "hn_register": (lng, [vp, vp, u64, ctypes.c_char_p, lng]),
-            "hn_connect": (i32, [vp, i32, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                                 ctypes.c_char_p, u64]),
-            "hn_add_send": (None, [vp, i32, vp, vp, u64, u64, u64, u64, ctypes.c_uint32, u64]),
+            "hn_connect": (i32, [vp, i32, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]),
+            "hn_add_send": (None, [vp, i32, vp, vp, u64, u64, u64, u64, ctypes.c_uint32, u64, vp]),
             "hn_add_inbound": (None, [vp, ctypes.c_uint32, i32, vp, u64, u64, vp]),
-            "hn_add_recv": (None, [vp, i32, vp, u64, vp, u64]),
+            "hn_add_recv": (None, [vp, i32, vp, u64, vp, u64, i32]),
             "hn_add_watch": (None, [vp, vp]),
-            "hn_set_segment": (None, [vp, vp, u64, u64, u64]),
+            "hn_set_segment": (None, [vp, vp, u64, u64, u64, vp]),
             "hn_set_shape": (None, [vp, u64, u64, u64]),
             "hn_start": (None, [vp]),
             "hn_drain": (i32, [vp, lng]),
@@ -88,8 +88,7 @@ def library(cache_dir=None) -> ctypes.CDLL:
             "hn_counters": (None, [vp, ctypes.POINTER(u64)]),
             "hn_destroy": (None, [vp, lng]),
             "hn_trace": (None, [vp, u64]),
-            "hn_send_slot_message": (i32, [vp, i32, ctypes.c_uint32, ctypes.c_uint32, u64,
-                                           ctypes.c_uint32, ctypes.c_uint32, u64, vp, u64, lng]),
+            "hn_send_message": (i32, [vp, i32, ctypes.c_uint, ctypes.c_char_p, u64, vp, u64, lng]),
             "hn_progress_for": (None, [vp, lng]),
             "hn_trace_take": (u64, [vp, ctypes.POINTER(u64), u64]),
         }
@@ -98,6 +97,12 @@ def library(cache_dir=None) -> ctypes.CDLL:
             fn.restype, fn.argtypes = res, args
         _LIBS[key] = lib
         return lib
+
+
+#: the proxy's active-message ids and control-message kinds (``net_ucx.cpp``: AM_SLOT, AM_CTRL,
+#: CTRL_CREDIT, CTRL_SEGMENT), for the diagnostics that send one by hand
+_AM_SLOT, _AM_CTRL = 1, 2
+_CTRL_KINDS = {"credit": 1, "segment": 2}
 
 
 class UcxTransport(Transport):
@@ -130,27 +135,27 @@ class UcxTransport(Transport):
             return b""
         return self._buf(self._lib.hn_register, ptr, nbytes)
 
-    def connect(self, peer: int, address: bytes, keys: list[bytes], mirror_base: int) -> None:
-        st = self._lib.hn_connect(self._h, peer, address, keys[0], keys[1], keys[2], mirror_base)
+    def connect(self, peer: int, address: bytes, keys: list[bytes]) -> None:
+        st = self._lib.hn_connect(self._h, peer, address, keys[0], keys[1])
         if st:
             raise TransportError(f"UCX: cannot connect to rank {peer}: {self._status(st)}")
 
     def add_send(self, peer, mslots, mtail, rslots, rtail, slot_bytes, nslots, rconn=0,
-                 am_bytes=0) -> None:
+                 am_bytes=0, head=None) -> None:
         self._lib.hn_add_send(self._h, peer, mslots, mtail, rslots, rtail, slot_bytes, nslots,
-                              rconn, am_bytes)
+                              rconn, am_bytes, head)
 
     def add_inbound(self, conn, peer, slots, slot_bytes, nslots, tail) -> None:
         self._lib.hn_add_inbound(self._h, conn, peer, slots, slot_bytes, nslots, tail)
 
-    def add_recv(self, peer, mhead, rhead, tail=None, nslots=0) -> None:
-        self._lib.hn_add_recv(self._h, peer, mhead, rhead, tail, nslots)
+    def add_recv(self, peer, mhead, rhead, tail=None, nslots=0, message=False) -> None:
+        self._lib.hn_add_recv(self._h, peer, mhead, rhead, tail, nslots, int(bool(message)))
 
     def add_watch(self, word) -> None:
         self._lib.hn_add_watch(self._h, word)
 
-    def set_segment(self, ptr, nbytes, stride, beat_offset) -> None:
-        self._lib.hn_set_segment(self._h, ptr, nbytes, stride, beat_offset)
+    def set_segment(self, ptr, nbytes, stride, beat_offset, mirrors) -> None:
+        self._lib.hn_set_segment(self._h, ptr, nbytes, stride, beat_offset, mirrors)
 
     def set_shape(self, region_bytes, region_used, max_cnt) -> None:
         if not self._h:
@@ -191,18 +196,21 @@ class UcxTransport(Transport):
 
     def counters(self) -> tuple[int, int]:
         s = self.stats()
-        return s["puts"], s["put_bytes"]
+        return (s["puts"] + s["ams"] + s["ctrls"], s["put_bytes"] + s["am_bytes"] + s["ctrl_bytes"])
 
     def stats(self) -> dict:
         """What the progress thread sent and received so far: ``puts`` / ``put_bytes`` (slots,
-        tails, credits, host segments), ``ams`` / ``am_bytes`` (slots sent as active messages,
-        their data bytes), ``accepted`` (slot messages received and placed), ``rejected`` (slot
-        messages received that named no connection of this rank or did not fit it: dropped)."""
-        out = (ctypes.c_uint64 * 6)()
+        tails and credits into device memory), ``ams`` / ``am_bytes`` (slots sent as active
+        messages, their data bytes), ``accepted`` (slot messages received and placed),
+        ``rejected`` (slot messages received that named no connection of this rank or did not fit
+        it: dropped), ``ctrls`` / ``ctrl_bytes`` (control messages sent: credits into host memory,
+        host segments, headers included), ``ctrl_rejected`` (control messages received that named
+        no head of this rank's sends, held a segment of another size, or came again: dropped)."""
+        out = (ctypes.c_uint64 * 9)()
         if self._h:
             self._lib.hn_counters(self._h, out)
-        return dict(zip(("puts", "put_bytes", "ams", "am_bytes", "accepted", "rejected"),
-                        map(int, out)))
+        return dict(zip(("puts", "put_bytes", "ams", "am_bytes", "accepted", "rejected", "ctrls",
+                         "ctrl_bytes", "ctrl_rejected"), map(int, out)))
 
     def send_slot_message(self, peer: int, conn: int, seq: int, data: bytes, *, sender=None,
                           nreg: int = 1, reg_used: int = 0, reg_stride: int = 0,
@@ -210,12 +218,27 @@ class UcxTransport(Transport):
         """Diagnostics, before :meth:`start` only (this thread drives the worker): send one slot
         message as the proxy does, with any header (``sender`` defaults to this rank) -- for
         tests of what a receiver accepts and in which order it publishes."""
+        header = struct.pack("<IIQIIQ", conn, self._rank if sender is None else sender, seq, nreg,
+                             reg_used, reg_stride)
+        self._send_message(peer, _AM_SLOT, header, data, timeout_s)
+
+    def send_control_message(self, peer: int, kind: str, seq: int, *, addr: int = 0,
+                             value: int = 0, data: bytes = b"", sender=None,
+                             timeout_s: float = 10.0) -> None:
+        """Diagnostics, before :meth:`start` only: send one control message as the proxy does
+        (``kind``: ``"credit"``, the word at ``addr`` becomes ``value``; ``"segment"``, ``data``
+        into the receiver's mirror of the sender's segment), numbered ``seq`` in the sender's
+        order -- for tests of the order the receiver applies them in and what it drops."""
+        header = struct.pack("<IIQQQ", _CTRL_KINDS[kind], self._rank if sender is None else sender,
+                             seq, addr, value)
+        self._send_message(peer, _AM_CTRL, header, data, timeout_s)
+
+    def _send_message(self, peer: int, am: int, header: bytes, data: bytes, timeout_s: float) -> None:
         buf = ctypes.create_string_buffer(bytes(data), max(len(data), 1))
-        st = self._lib.hn_send_slot_message(
-            self._h, peer, conn, self._rank if sender is None else sender, seq, nreg, reg_used,
-            reg_stride, buf, len(data), int(timeout_s * 1000))
+        st = self._lib.hn_send_message(self._h, peer, am, header, len(header), buf, len(data),
+                                       int(timeout_s * 1000))
         if st:
-            raise TransportError(f"UCX: slot message to rank {peer}: {self._status(st)}")
+            raise TransportError(f"UCX: message to rank {peer}: {self._status(st)}")
 
     def progress_for(self, seconds: float) -> None:
         """Diagnostics, before :meth:`start` only: drive this worker for ``seconds``."""

@@ -137,16 +137,15 @@ def test_two_proxies_in_one_process_carry_a_slot_and_trace_their_steps(monkeypat
     monkeypatch.setenv("UCX_TLS", "tcp")
     from hccc.runtime.net_ucx import UcxTransport
     slot, nslots = 64, 8
-    mem = {r: {"ctrl": np.zeros(8, dtype=np.uint64), "slots": np.zeros(slot * nslots, np.uint8),
-               "mirrors": np.zeros(4096, np.uint8)} for r in (0, 1)}
+    mem = {r: {"ctrl": np.zeros(8, dtype=np.uint64), "slots": np.zeros(slot * nslots, np.uint8)} for r in (0, 1)}
     mslots, mwords = np.zeros(slot * nslots, np.uint8), np.zeros(2, dtype=np.uint64)
     tx = {r: UcxTransport(r, 2) for r in (0, 1)}
     try:
         keys = {r: [tx[r].register(mem[r][k].ctypes.data, mem[r][k].nbytes)
-                    for k in ("ctrl", "slots", "mirrors")] for r in (0, 1)}
+                    for k in ("ctrl", "slots")] for r in (0, 1)}
         tx[0].register(mslots.ctypes.data, mslots.nbytes, remote=False)
         for r in (0, 1):
-            tx[r].connect(1 - r, tx[1 - r].address(), keys[1 - r], mem[1 - r]["mirrors"].ctypes.data)
+            tx[r].connect(1 - r, tx[1 - r].address(), keys[1 - r])
         # rank 0 sends: its mirror of rank 1's FIFO and tail; rank 1 returns credits into rank
         # 0's head (ctrl[1]) from its mirror word
         tx[0].add_send(1, mslots.ctypes.data, mwords.ctypes.data, mem[1]["slots"].ctypes.data,

@@ -29,18 +29,17 @@ def _wait(cond, what, timeout=30.0):
 
 def _pair(monkeypatch):
     """Two transports of this process as two nodes, connected, each with its control block
-    (ctrl[0]: the tail of its receive connection, ctrl[1]: the head of its send), FIFO and
-    host-mirror memory registered."""
+    (ctrl[0]: the tail of its receive connection, ctrl[1]: the head of its send) and FIFO
+    registered."""
     monkeypatch.setenv("UCX_TLS", "tcp")
     from hccc.runtime.net_ucx import UcxTransport
     slot, nslots = 64, 8
-    mem = {r: {"ctrl": np.zeros(8, dtype=np.uint64), "slots": np.zeros(slot * nslots, np.uint8),
-               "mirrors": np.zeros(4096, np.uint8)} for r in (0, 1)}
+    mem = {r: {"ctrl": np.zeros(8, dtype=np.uint64), "slots": np.zeros(slot * nslots, np.uint8)} for r in (0, 1)}
     tx = {r: UcxTransport(r, 2) for r in (0, 1)}
     keys = {r: [tx[r].register(mem[r][k].ctypes.data, mem[r][k].nbytes)
-                for k in ("ctrl", "slots", "mirrors")] for r in (0, 1)}
+                for k in ("ctrl", "slots")] for r in (0, 1)}
     for r in (0, 1):
-        tx[r].connect(1 - r, tx[1 - r].address(), keys[1 - r], mem[1 - r]["mirrors"].ctypes.data)
+        tx[r].connect(1 - r, tx[1 - r].address(), keys[1 - r])
     return tx, mem, slot, nslots
 
 
@@ -48,16 +47,18 @@ def test_small_slots_travel_as_one_message_each(monkeypatch):
     """A send whose slot messages fit ``am_bytes``: each slot is one active message; the
     receiving proxy copies the bytes in (a whole slot; then only the regions a launch uses, two
     regions of 20 bytes 32 apart, the rest of the slot untouched) and publishes the tail; the
-    credit comes back; no slot is put; the steps are traced as for puts."""
+    credit comes back as a control message (the sender's head is host memory); nothing is put;
+    the steps are traced as for puts."""
     tx, mem, slot, nslots = _pair(monkeypatch)
     try:
         mslots, mwords = np.zeros(slot * nslots, np.uint8), np.zeros(2, dtype=np.uint64)
         tx[0].register(mslots.ctypes.data, mslots.nbytes, remote=False)
         tx[0].add_send(1, mslots.ctypes.data, mwords.ctypes.data, mem[1]["slots"].ctypes.data,
-                       mem[1]["ctrl"].ctypes.data, slot, nslots, 0, 1 << 20)
+                       mem[1]["ctrl"].ctypes.data, slot, nslots, 0, 1 << 20,
+                       head=mem[0]["ctrl"].ctypes.data + 8)
         tx[1].add_inbound(0, 0, mem[1]["slots"].ctypes.data, slot, nslots, mem[1]["ctrl"].ctypes.data)
         tx[1].add_recv(0, mwords.ctypes.data + 8, mem[0]["ctrl"].ctypes.data + 8,
-                       mem[1]["ctrl"].ctypes.data, nslots)
+                       mem[1]["ctrl"].ctypes.data, nslots, message=True)
         tx[1].add_watch(mem[1]["ctrl"].ctypes.data)
         tx[0].set_shape(0, 0, 1)                      # whole slots
         for r in (0, 1):
@@ -74,8 +75,9 @@ def test_small_slots_travel_as_one_message_each(monkeypatch):
         _wait(lambda: mem[0]["ctrl"][1] >= 2, "the credit")
         after = tx[0].stats()
         assert after["ams"] - before["ams"] == 2 and after["am_bytes"] - before["am_bytes"] == 2 * slot
-        # no slot was put: the puts since are the credit's and host segments' (none here)
-        assert after["put_bytes"] == before["put_bytes"]
+        # nothing was put: the slots went as messages, the credit as a control message
+        assert after["puts"] == before["puts"] == 0 and tx[1].stats()["puts"] == 0
+        assert tx[1].stats()["ctrls"] >= 1 and tx[0].stats()["ctrl_rejected"] == 0
         assert tx[1].stats()["accepted"] == 2 and tx[1].stats()["rejected"] == 0
         sent, got = tx[0].trace_take(), tx[1].trace_take()
         assert [(k, i, v) for _, k, i, v in sent] == [(1, 0, 2), (2, 0, 2)]
@@ -177,6 +179,66 @@ def test_receiver_publishes_only_complete_prefixes_and_drops_what_does_not_fit(m
             t.close()
 
 
+
+def test_control_messages_are_applied_in_their_senders_order_and_strays_dropped(monkeypatch):
+    """What a receiving proxy does with control messages (credits into its sends' heads, a peer's
+    host segment into its mirror), sent one by one with chosen numbers: one that arrives before an
+    earlier one of its sender waits for it, so the credit posted last is the value left (UCX does
+    not promise active messages keep their order); a number already applied, a credit into a word
+    that is no head of a send to that peer, a segment of another size, an unknown sender, and
+    early ones past the 1,024 a process keeps are dropped and counted, the words and mirrors
+    untouched."""
+    tx, mem, slot, nslots = _pair(monkeypatch)
+    seg_len, stride = 96, 128
+    own = np.zeros(seg_len, np.uint8)
+    mirrors = np.zeros(2 * stride, np.uint8)
+    try:
+        head = mem[1]["ctrl"].ctypes.data + 8          # rank 1's head of its send to rank 0
+        mslots, mwords = np.zeros(slot * nslots, np.uint8), np.zeros(2, dtype=np.uint64)
+        tx[1].register(mslots.ctypes.data, mslots.nbytes, remote=False)
+        tx[1].add_send(0, mslots.ctypes.data, mwords.ctypes.data, mem[0]["slots"].ctypes.data,
+                       mem[0]["ctrl"].ctypes.data, slot, nslots, 0, 1 << 20, head=head)
+        tx[1].set_segment(own.ctypes.data, seg_len, stride, 0, mirrors.ctypes.data)
+        tx[1].start()                 # rank 0's worker is driven by this thread (no proxy thread)
+        ctrl = mem[1]["ctrl"]
+
+        def send(kind, seq, **kw):
+            tx[0].send_control_message(1, kind, seq, **kw)
+
+        send("credit", 1, addr=head, value=5)        # number 1 before number 0
+        time.sleep(0.3)
+        assert ctrl[1] == 0, "a control message was applied before an earlier one of its sender"
+        send("credit", 0, addr=head, value=3)
+        _wait(lambda: ctrl[1] == 5, "both credits, in their order")
+        time.sleep(0.1)
+        assert ctrl[1] == 5 and tx[1].stats()["ctrl_rejected"] == 0
+        payload = np.arange(seg_len, dtype=np.uint8)
+        send("segment", 2, data=payload.tobytes())
+        _wait(lambda: np.array_equal(mirrors[:seg_len], payload), "rank 0's segment in rank 1's mirror")
+        assert np.all(mirrors[seg_len:] == 0)
+        rejected = tx[1].stats()["ctrl_rejected"]
+        bad = [dict(kind="credit", seq=1, addr=head, value=9),               # number 1 again
+               dict(kind="credit", seq=3, addr=head + 8, value=9),           # no head of a send
+               dict(kind="segment", seq=4, data=bytes(seg_len - 1)),         # another size
+               dict(kind="credit", seq=0, addr=head, value=9, sender=7)]     # no such peer
+        for kw in bad:
+            tx[0].send_control_message(1, kw.pop("kind"), kw.pop("seq"), **kw)
+        _wait(lambda: tx[1].stats()["ctrl_rejected"] == rejected + len(bad), "the strays dropped")
+        assert ctrl[1] == 5 and np.array_equal(mirrors[:seg_len], payload)
+        # the sequence went on past the dropped ones (numbers 3 and 4 were used): 5 applies
+        send("credit", 5, addr=head, value=7)
+        _wait(lambda: ctrl[1] == 7, "the next credit")
+        assert tx[1].stats()["ctrl_rejected"] == rejected + len(bad)
+        # messages kept for an earlier number that never comes: at most 1,024, then dropped
+        for i in range(1025):
+            send("credit", 1000 + i, addr=head, value=1)
+        _wait(lambda: tx[1].stats()["ctrl_rejected"] == rejected + len(bad) + 1, "the 1,025th dropped")
+        assert ctrl[1] == 7
+    finally:
+        for t in tx.values():
+            t.close()
+
+
 def _rank(rank, url, ir_json, am_bytes, calls, q):
     """One rank of a two-node job: the calls (count, dtype), the transport's counters after each."""
     try:
@@ -200,8 +262,8 @@ def _rank(rank, url, ir_json, am_bytes, calls, q):
 def test_each_path_chosen_by_slot_size_through_the_kernels(tmp_path, am_bytes):
     """A ring AllReduce across two nodes, a small call (slot messages of at most 256 bytes) and a
     large one (4 KiB slices), in float32 and int32, with ``HCCC_NET_AM_BYTES=1K``: the small calls'
-    slots travel as messages, the large ones' as puts; with ``0`` every slot is put. Results
-    exact either way."""
+    slots travel as messages and nothing is put (credits and host segments are control messages),
+    the large ones' slots as puts; with ``0`` every slot is put. Results exact either way."""
     from hccc.compiler.frontend import generators as gen
     from hccc.compiler.passes.build import build_program
     ir = build_program(gen.ring_allreduce(2), chunk_bytes=4096)
@@ -216,8 +278,8 @@ def test_each_path_chosen_by_slot_size_through_the_kernels(tmp_path, am_bytes):
             assert np.array_equal(y, (2 * base + 3).astype(dtype)), f"rank {r}: {count} x {dtype}"
             ams, put = stats["ams"] - prev["ams"], stats["put_bytes"] - prev["put_bytes"]
             small = count * np.dtype(dtype).itemsize <= 256
-            if am_bytes != "0" and small:    # (puts: credits and host segments only)
-                assert ams > 0, (r, count, dtype, stats)
+            if am_bytes != "0" and small:    # credits and host segments are messages too
+                assert ams > 0 and put == 0, (r, count, dtype, stats)
             else:
                 assert ams == 0 and put >= count * np.dtype(dtype).itemsize // 2, (r, count, dtype, stats)
             assert stats["rejected"] == 0
