@@ -108,8 +108,9 @@ def certain_refusals(alg, topo) -> dict[str, str | None]:
     xml`` and ``hccc plan`` make before building anything (:mod:`hccc.compiler.interop.msccl_limits`,
     :mod:`hccc.compiler.interop.mscclpp_limits`), which never refuse what the exporter accepts but
     may accept what it refuses (only the export itself is exact). Cheap: numpy over the transfers
-    (the MSCCL++ one also lowers the program, so up to :data:`PLAN_CHECK_MAX_TRANSFERS` transfers
-    only; ``"mscclpp"`` then maps to None: not checked)."""
+    (the MSCCL++ plan's thread blocks first from the transfer table, :func:`plan_table_refusal`, at
+    any size; where that does not refuse, the program lowered as the plan exporter lowers it, up to
+    :data:`PLAN_CHECK_MAX_TRANSFERS` transfers only; ``"mscclpp"`` then maps to None: not checked)."""
     from hccc.compiler.interop.msccl_format import XmlLimits
     from hccc.compiler.interop.msccl_limits import check_algorithm_fits
     from hccc.compiler.interop.mscclpp_export import node_map
@@ -126,15 +127,33 @@ def certain_refusals(alg, topo) -> dict[str, str | None]:
         check_algorithm_fits(alg, XmlLimits())
     except CompileError as exc:
         out["xml"] = first(exc)
-    if len(alg.src) > PLAN_CHECK_MAX_TRANSFERS:
+    nodes = node_map(alg.header.nranks, topology=topo)
+    why = plan_table_refusal(alg, nodes)
+    if why is not None:
+        out["mscclpp"] = why
+    elif len(alg.src) > PLAN_CHECK_MAX_TRANSFERS:
         out["mscclpp"] = None
     else:
         try:
-            check_plan_fits(build_algorithm_level(alg), PlanLimits(),
-                            nodes=node_map(alg.header.nranks, topology=topo))
+            check_plan_fits(build_algorithm_level(alg), PlanLimits(), nodes=nodes)
         except CompileError as exc:
             out["mscclpp"] = first(exc)
     return out
+
+
+def plan_table_refusal(alg, nodes) -> str | None:
+    """Why the MSCCL++ plan of ``alg`` (rank -> node: ``nodes``) certainly has too many thread
+    blocks, from its transfer table alone, before anything is built
+    (:func:`hccc.compiler.interop.mscclpp_limits.check_transfers_fit`, with the exporter's default
+    limits), or None."""
+    from hccc.compiler.interop.mscclpp_limits import check_transfers_fit
+    from hccc.compiler.interop.mscclpp_plan import PlanLimits
+    try:
+        check_transfers_fit(alg.src, alg.dst, PlanLimits(), nodes=nodes, channel=alg.channels)
+    except CompileError as exc:
+        d = exc.diagnostics[0] if getattr(exc, "diagnostics", None) else None
+        return (d.message if d is not None else str(exc)).splitlines()[0]
+    return None
 
 
 def export_refusal(result, topo, engine: str) -> str | None:
@@ -147,6 +166,12 @@ def export_refusal(result, topo, engine: str) -> str | None:
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r} (expected one of {', '.join(ENGINES)})")
     alg = to_algorithm(result, topo)
+    if engine == "mscclpp":
+        # the plan's thread blocks counted from the transfer table: nothing lowered to be refused
+        from hccc.compiler.interop.mscclpp_export import node_map
+        why = plan_table_refusal(alg, node_map(alg.header.nranks, topology=topo))
+        if why is not None:
+            return why
     verify(alg)
     try:
         if engine == "xml":
@@ -163,4 +188,4 @@ def export_refusal(result, topo, engine: str) -> str | None:
 
 
 __all__ = ["ENGINES", "PLAN_CHECK_MAX_TRANSFERS", "PLAN_CHECK_SECONDS_PER_TRANSFER", "certain_refusals", "export_refusal", "for_engine", "plan_check_seconds",
-           "transfers_check"]
+           "plan_table_refusal", "transfers_check"]

@@ -15,7 +15,7 @@ from hccc.compiler.frontend import generators
 from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop import mscclpp_export
 from hccc.compiler.interop.mscclpp_export import export_plan, node_map
-from hccc.compiler.interop.mscclpp_limits import check_plan_fits
+from hccc.compiler.interop.mscclpp_limits import check_plan_fits, check_transfers_fit, transfer_plan_blocks
 from hccc.compiler.interop.mscclpp_ops import PlanOp, local
 from hccc.compiler.interop.mscclpp_plan import PlanLimits
 from hccc.compiler.passes.build import build_algorithm_level, build_program
@@ -107,3 +107,56 @@ def test_a_long_last_primitive_is_refused_not_left_too_long():
         mscclpp_export._segments(ops, [5, 9], lim, [0], 0, "rank 0 thread block 0")
     segs = mscclpp_export._segments(ops, [3, 6, 9], lim, [0], 0, "rank 0 thread block 0")
     assert [sum(op.name == "copy" for op in s) for s in segs] == [3, 3, 3]
+
+
+@settings(max_examples=examples(25))
+@given(alg=valid_programs(COLLS, max_ranks=6), kw=st.sampled_from([dict(), dict(protocol="LL"), dict(instances=2)]),
+       gpn=st.integers(0, 3), max_ops=st.sampled_from([8, 12, 64]))
+def test_the_transfer_table_count_never_exceeds_the_exported_plans_thread_blocks(alg, kw, gpn, max_ops):
+    """The thread blocks counted from the transfer table alone (what ``hccc plan`` and ``hccc
+    synth`` refuse by before lowering the program) lie at or below every rank's thread blocks in
+    the plan the exporter writes of the program lowered connection by connection (the oracle: the
+    plan's own ``threadblocks``), so the table never refuses what the exporter accepts; and each
+    rank's count is at least its connection ends (a send end and a receive end per peer)."""
+    ir = build_algorithm_level(alg)
+    nodes = node_map(ir.nranks, 0 if kw.get("protocol") == "LL" else gpn)
+    lim = PlanLimits(max_operations=max_ops, max_tbs=10_000)
+    F = kw.get("instances", 1)
+    got = transfer_plan_blocks(alg.src, alg.dst, nodes, lim, channel=alg.channels, protocol=kw.get("protocol", "Simple"),
+                               instances=F)
+    n = ir.nranks
+    moves = alg.src != alg.dst
+    pairs = np.unique(alg.src[moves].astype(np.int64) * n + alg.dst[moves])
+    ends = np.bincount(pairs // n, minlength=n) + np.bincount(pairs % n, minlength=n)
+    assert (got >= F * ends).all()
+    try:
+        plan = export_plan(ir, nodes=nodes, limits=lim, **kw)
+    except CompileError as exc:
+        assert "one primitive needs" in str(exc) or "MAX_CHANNEL" in str(exc)
+        return
+    used = np.array([len(g["threadblocks"]) for g in plan["gpus"]])
+    assert (got <= used).all(), (got.tolist(), used.tolist())
+    check_transfers_fit(alg.src, alg.dst, lim.with_(max_tbs=int(used.max())), nodes=nodes, channel=alg.channels,
+                        protocol=kw.get("protocol", "Simple"), instances=F)
+
+
+def test_hccc_plan_refuses_from_the_transfer_table_before_lowering(tmp_path, capsys, monkeypatch):
+    """A direct AllGather of 8 ranks has 14 connection ends a rank: ``hccc plan --max-tbs 13``
+    refuses it, located at its header, before the program is lowered; ``--max-tbs 14`` writes it."""
+    from hccc.cli import main
+    from hccc.compiler.frontend.generators import direct_allgather_rccl
+    from hccc.compiler.passes import build
+
+    src = tmp_path / "d.rccl"
+    src.write_text(direct_allgather_rccl(8))
+
+    def lowered(*_a, **_k):
+        raise AssertionError("the program was lowered though its transfer table refuses it")
+    real = build.build_algorithm_level
+    monkeypatch.setattr(build, "build_algorithm_level", lowered)
+    assert main(["plan", str(src), "-o", str(tmp_path / "p.json"), "--max-tbs", "13"]) == 1
+    err = capsys.readouterr().err
+    assert f"{src}:" in err and "rank 0 needs at least 14 thread blocks" in err and "at most 13" in err
+    assert "Traceback" not in err and not (tmp_path / "p.json").exists()
+    monkeypatch.setattr(build, "build_algorithm_level", real)
+    assert main(["plan", str(src), "-o", str(tmp_path / "p.json"), "--max-tbs", "14"]) == 0

@@ -39,9 +39,21 @@ def test_a_direct_allgather_is_refused_by_mscclpp_exactly_past_its_resident_bloc
     assert "xml" not in got            # MSCCL's runtime takes 1,024 thread blocks a rank
 
 
-def test_past_its_transfers_the_plan_check_is_said_not_run():
+def test_past_its_transfers_the_lowered_check_is_said_not_run_and_the_table_still_refuses(monkeypatch):
+    """Past :data:`PLAN_CHECK_MAX_TRANSFERS` the program is not lowered for the check: a ring
+    AllGather (two connection ends a rank, which the transfer table accepts) is said not checked; a
+    direct AllGather of as many ranks (2 (n - 1) > 108 connection ends) is refused from its
+    transfer table, without lowering it."""
+    from hccc.compiler.frontend.generators import ring_allgather
+    from hccc.compiler.passes import build
+
     n = next(n for n in range(2, 1000) if n * (n - 1) > PLAN_CHECK_MAX_TRANSFERS)
-    assert certain_refusals(direct_allgather(n), None)["mscclpp"] is None
+    assert certain_refusals(ring_allgather(n), None)["mscclpp"] is None
+
+    def lowered(*_a, **_k):
+        raise AssertionError("lowered for a check the transfer table settles")
+    monkeypatch.setattr(build, "build_algorithm_level", lowered)
+    assert f"{2 * (n - 1)} thread blocks" in certain_refusals(direct_allgather(n), None)["mscclpp"]
     assert "mscclpp" in certain_refusals(direct_allgather(n - 1), None)      # 2 (n - 2) > 108 blocks
 
 

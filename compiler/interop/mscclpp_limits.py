@@ -3,7 +3,8 @@
 The plan exporter (:mod:`hccc.compiler.interop.mscclpp_export`) checks every limit exactly on the
 plan it builds, but building one operation dict per primitive, micro-batch and instance for a
 program that cannot fit wastes minutes and gigabytes at a thousand GPUs. :func:`check_plan_fits`
-refuses such programs from the IR's columns alone, with numpy. Every quantity it compares is a lower
+refuses such programs from the IR's columns alone, with numpy, and :func:`check_transfers_fit` from the
+transfer table, before the program is lowered (``hccc plan``, ``hccc synth``). Every quantity it compares is a lower
 bound on what :func:`~hccc.compiler.interop.mscclpp_export.export_plan` produces, so it never
 refuses a program the exporter would accept:
 
@@ -91,6 +92,68 @@ def estimate_refusal(src, dst, lim: PlanLimits, *, nodes: np.ndarray, channel=No
             "resident at once")
 
 
+def transfer_plan_blocks(src, dst, nodes: np.ndarray, lim: PlanLimits, *, channel=None, protocol: str = "Simple",
+                         instances: int = 1, micro_batches: int = 1) -> np.ndarray:
+    """Every rank's plan thread blocks counted from the transfers ``src[i] -> dst[i]`` on channel
+    ``channel[i]`` (None: one channel) alone, as :func:`check_plan_fits` counts them on the program
+    lowered connection by connection (:func:`hccc.compiler.passes.build.build_algorithm_level`,
+    what ``hccc plan`` and ``hccc synth`` export): every transfer is a send primitive at its sender
+    and a receive at its receiver (no fusion there), in the thread block of its connection end, one
+    per (rank, peer, direction, channel); with the Simple protocol a send is at least one operation
+    (two on a memory channel: same node) and a receive at least two, with LL one each; a thread
+    block of ``L`` operations per copy is at least ``ceil(L x micro_batches / max_operations)`` plan
+    thread blocks per instance. A lower bound on the count :func:`check_plan_fits` makes of the
+    built program (the local copies and reductions it adds only add to it), so a rank over
+    ``lim.max_tbs`` here is refused there, and nothing need be built to know it."""
+    nodes = np.asarray(nodes, np.int64)
+    R = int(nodes.size)
+    src = np.asarray(src, np.int64)
+    dst = np.asarray(dst, np.int64)
+    moves = src != dst
+    ch = None if channel is None else np.asarray(channel, np.int64)[moves]
+    src, dst = src[moves], dst[moves]
+    out = np.zeros(R, np.int64)
+    if not src.size:
+        return out
+    m, M = int(lim.max_operations), int(micro_batches)
+    if protocol == "LL":
+        send_ops, recv_ops = np.ones(src.size, np.int64), np.ones(src.size, np.int64)
+    else:
+        send_ops = 1 + (nodes[src] == nodes[dst]).astype(np.int64)
+        recv_ops = np.full(src.size, 2, np.int64)
+    C = 1 if ch is None else int(ch.max()) + 1
+    key = (src * R + dst) * C + (0 if ch is None else ch)
+    ends, inv = np.unique(key, return_inverse=True)
+    pair = ends // C
+    for ops, rank in ((send_ops, pair // R), (recv_ops, pair % R)):
+        L = np.bincount(inv, weights=ops, minlength=ends.size).astype(np.int64)
+        segs = np.maximum(1, -(-(L * M) // m)) * int(instances)
+        out += np.bincount(rank, weights=segs, minlength=R).astype(np.int64)
+    return out
+
+
+def check_transfers_fit(src, dst, lim: PlanLimits, *, nodes: np.ndarray, channel=None, protocol: str = "Simple",
+                        instances: int = 1, micro_batches: int = 1) -> None:
+    """Raise :class:`CompileError` where the plan of the transfers ``src[i] -> dst[i]`` (on channel
+    ``channel[i]``), lowered connection by connection, certainly has more thread blocks on a rank
+    than ``lim.max_tbs`` (:func:`transfer_plan_blocks`); return quietly otherwise. The MSCCL++
+    plan's refusal from the transfer table, before anything is built, as the MSCCL XML's is
+    (:func:`hccc.compiler.interop.msccl_limits.check_algorithm_fits`)."""
+    per_rank = transfer_plan_blocks(src, dst, nodes, lim, channel=channel, protocol=protocol, instances=instances,
+                                    micro_batches=micro_batches)
+    if not per_rank.size:
+        return
+    r = int(np.argmax(per_rank))
+    if per_rank[r] <= lim.max_tbs:
+        return
+    raise CompileError([Diagnostic(
+        f"the program does not fit the MSCCL++ executor: rank {r} needs at least {int(per_rank[r])} thread blocks "
+        f"(one per connection end, its operations cut into segments of at most {lim.max_operations}, "
+        f"MAX_OPERATION" + (f", for {instances} instances" if instances > 1 else "")
+        + f"), but at most {lim.max_tbs} can be resident at once (one 1,024-thread block per SM; the blocks of a "
+        "rank wait on each other)", None)])
+
+
 def check_plan_fits(ir: ProgramIR, lim: PlanLimits, *, nodes: np.ndarray, protocol: str = "Simple",
                     copies: int = 1, instances: int = 1) -> None:
     """Raise :class:`CompileError` naming the executor limits ``ir``'s plan must exceed with
@@ -144,4 +207,5 @@ def check_plan_fits(ir: ProgramIR, lim: PlanLimits, *, nodes: np.ndarray, protoc
         raise CompileError([Diagnostic("the program does not fit the MSCCL++ executor: " + m, None) for m in msgs])
 
 
-__all__ = ["PLAN_OPS_PER_RECEIVE", "PLAN_OPS_PER_SEND", "check_plan_fits", "estimate_plan_blocks", "estimate_refusal", "largest_input"]
+__all__ = ["PLAN_OPS_PER_RECEIVE", "PLAN_OPS_PER_SEND", "check_plan_fits", "check_transfers_fit", "estimate_plan_blocks",
+           "estimate_refusal", "largest_input", "transfer_plan_blocks"]

@@ -6,7 +6,9 @@ file is verified and exported in its step order with one thread block per connec
 (:func:`hccc.compiler.passes.build.build_algorithm_level`, what the executor's once-per-run
 execution runs best); a ProgramIR, MSCCL XML or MSCCL++ plan is exported as given. Connections
 between nodes (the algorithm's ``GPUPerNode``, or ``--gpus-per-node``) become port channels, the
-others memory channels. Every executor limit is checked before anything is written; ``-o -``
+others memory channels. Every executor limit is checked before anything is written (an
+algorithm's thread blocks from its transfer table before it is lowered:
+:func:`hccc.compiler.interop.mscclpp_limits.check_transfers_fit`); ``-o -``
 writes to standard output, a file is replaced atomically.
 """
 from __future__ import annotations
@@ -66,6 +68,13 @@ def run(args) -> int:
         alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
         verify(alg)
         gpn = gpn or alg.header.gpu_per_node
+        # the plan's thread blocks counted from the transfer table first: a program that cannot
+        # fit is refused before it is lowered
+        from hccc.compiler.interop.mscclpp_limits import check_transfers_fit
+        with located(args.algo, alg):
+            check_transfers_fit(alg.src, alg.dst, PlanLimits(max_tbs=args.max_tbs), nodes=node_map(alg.header.nranks, gpn),
+                                channel=alg.channels, protocol=args.proto, instances=args.instances,
+                                micro_batches=args.micro_batches)
         ir = build_algorithm_level(alg, chunk_bytes=args.chunk_size)
     else:
         ir = load_program(args.algo, program_options(args))
