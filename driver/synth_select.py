@@ -167,7 +167,7 @@ def _check_values(opts: SynthOptions) -> None:
     for flag, v in (("--size", opts.sizes), ("--band", opts.band)):
         if len(v) > MAX_LIST_ITEMS:
             raise CompileError([Diagnostic(f"{flag}: at most {MAX_LIST_ITEMS} sizes, got {len(v)}", None)])
-    for flag, v in (("--no-smt", opts.smt), ("--no-sim-select", opts.sim_select)):
+    for flag, v in (("--no-smt", opts.smt), ("--no-sim-select", opts.sim_select), ("--exact", opts.exact)):
         if not isinstance(v, bool):
             raise _refuse(flag, "True or False", v)
     a = opts.auto_search_below
@@ -834,6 +834,7 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     if not opts.engine:
         from hccc.synth_engines import plan_check_seconds
         closing += plan_check_seconds(least)       # the engines' checks of the program written
+    _refuse_unstoppable(opts, topo, size, deadline)
     started = clock.now()
     with phases(title, opts.time_limit if len(opts.sizes) <= 1 else round(max(0.0, deadline - clock.now()), 1)) \
             as phase:
@@ -844,6 +845,9 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
         if opts.engine:
             result, fraction = _fit_engine(opts, topo, size, deadline, phase, result, sims, bound, simulated,
                                            make_eval)
+        # the report's figure: exact, or estimated past its work budget (--exact: always exact);
+        # the program is chosen and written the same either way (hccc.synth_figure)
+        fig = _figure(opts, result, sims, bound, fraction, simulated, phase)
     searched = clock.now()
     # (the plan's header choices are the result's: the plan adds what was asked and tried)
     plan = SynthPlan.of(result, requested=opts.method, size=size, methods_tried=tried, engine=opts.engine)
@@ -891,10 +895,53 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
                                                                   if k.startswith("candidate "))), 3)
     summary = _summary(result, size, bound, fraction, sims, simulated, tried, why, not_simulated, fitted,
                        limit_cut, took)
+    summary["fraction_of_bound"] = fig.fraction
+    summary.update(fig.as_dict())
+    if fig.limit_bound:
+        # said here, not in the program's comments: the program is the same either way
+        summary["time_limit_cut"] = [*summary["time_limit_cut"], "the report's figure: " + fig.how]
+        summary["timed_out"] = True
     summary["selection"] = selection
     if refusing is not None:
         summary["engines_refusing"] = refusing
     return Program(text, plan, summary, result, alg, [(c.name, c.result) for c in ranked(choices)])
+
+
+def _refuse_unstoppable(opts, topo, size: int, deadline: float) -> None:
+    """A ValueError, before anything is made, where the tree packing's program would be made and what
+    cannot stop once it starts (its first program, then the proof and text of it:
+    :func:`hccc.compiler.synth.budget.tree_unstoppable_seconds`), at the pace this machine is likely
+    to give the command (:func:`hccc.util.clock.pace_ahead`), would end past what ``--time-limit``
+    promises (:func:`hccc.compiler.synth.budget.overruns`): at 1,024 GPUs and ``--time-limit 10`` on
+    a loaded machine those alone take 15-30 wall seconds. The limit binds then, so the outcome
+    depends on the machine, and the message says so."""
+    import math
+
+    from hccc.compiler.synth.budget import overruns, tree_unstoppable_seconds
+
+    coll, n = opts.collective, int(topo.nranks)
+    if choose_method(opts.method, coll, n, size) != "trees" or not _trees_fit(coll, n) or opts.chunks_per_rank:
+        return
+    cpu = tree_unstoppable_seconds(coll, n)
+    pace = clock.pace_ahead()
+    need, left = cpu * pace, deadline - clock.now()
+    if not overruns(need, left):
+        return
+    leaves = f"the time limit leaves {left:.1f} s" if left > 0 else f"the time limit has passed ({-left:.1f} s ago)"
+    raise ValueError(f"the tree packing's first {coll} program on {n:,} GPUs and the proof and text of its "
+                     f"transfers cannot stop once started and need about {need:.1f} s at this machine's present "
+                     f"pace ({pace:.1f} wall seconds a CPU second; {cpu:.1f} s on an idle one), and {leaves}: "
+                     f"the time limit binds; raise --time-limit by {max(1, math.ceil(need - left))} s or more")
+
+
+def _figure(opts, result, sims, bound: dict, fraction, simulated: bool, phase):
+    """The report's figure of the program written (:func:`hccc.synth_figure.figure`); an evaluator
+    other than :class:`Simulations` gives the selection's own time, as it timed it."""
+    from hccc.synth_figure import Figure, figure
+    if not isinstance(sims, Simulations):
+        return Figure(fraction, fraction, fraction, None if fraction is None else False, "timed by the evaluator")
+    phase.update("the report's figure")
+    return figure(result, sims, bound["seconds"], exact=opts.exact, simulated=simulated)
 
 
 def _selection_report(choices: list, result, fraction, band: "Band | None" = None) -> dict:
@@ -1106,6 +1153,7 @@ class Simulations:
         self.failed: str | None = None
         self.shapes_not_needed = 0       # tree shapes not simulated: one ran at the bound
         self.extrapolated = 0            # times extrapolated from a few micro-batches (PERIODIC_COLLECTIVES)
+        self.periodic: dict[tuple, object] = {}   # program -> how its periodic timing found its time (PeriodicTime)
         self.longest_s = 0.0             # the longest simulation so far (preparing it included), seconds
         self.prefetched = 0              # simulations prepared ahead of need (:meth:`prefetch`)
         self._ahead: dict[tuple, _Timing] = {}   # program -> its simulation, prepared by :meth:`prefetch`
@@ -1260,6 +1308,28 @@ class Simulations:
                 out.append(None)
         return out
 
+    def whole_seconds(self, result, channels: int | None, work_budget: int | None) -> tuple[float | None, bool]:
+        """``(seconds, stopped)``: ``result``'s program with ``channels`` simulated at ``nbytes`` as one
+        whole call (never extrapolated: the report's exact figure, :mod:`hccc.synth_figure`), within
+        ``work_budget`` (None: no budget) and by the deadline; seconds None where either stopped it
+        (``stopped``: the deadline did) or the program cannot be simulated."""
+        if not self.available:
+            return None, False
+        from hccc.runtime.simulator import SimulationError, SimulationStopped, prepare, simulate_by
+        from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS
+
+        try:
+            ir = self._ir(result, self._key(result))
+            ir.nchannels = int(channels or 1)
+            prog = prepare(ir, self.topo, DEFAULT_BLOCK_GBPS if channels else None)
+            res = simulate_by(self.deadline, prog, self.topo, self.nbytes, slice_bytes="auto",
+                              work_budget=work_budget)
+        except SimulationStopped as exc:
+            return None, "budget" not in str(exc)
+        except (SimulationError, ValueError):
+            return None, False
+        return float(res.time_s), False
+
     def guess(self, result, channels: int | None) -> None:
         """Start the simulation of ``result``'s program with ``channels`` on the pool's free
         workers now, on a guess that :meth:`seconds` asks for it next (it then waits for it;
@@ -1361,6 +1431,8 @@ class Simulations:
             self.longest_s = max(self.longest_s, timing.took)
         self.extrapolated += extrapolated
         self.times[tkey] = t
+        if timing.found is not None:
+            self.periodic[tkey] = timing.found
         self.walls[tkey] = timing.took
         return t
 
@@ -1379,6 +1451,7 @@ class _Timing:
         self.sims, self.prog, self.periodic, self.stop = sims, prog, periodic, stop
         self.took = prepared_s
         self.then = None
+        self.found = None                # the periodic timing's PeriodicTime (samples, periods), where periodic
         self._out: tuple | None = None
         self._error: BaseException | None = None
         self._call = None
@@ -1446,6 +1519,7 @@ class _Timing:
                     found = whole.result()
                 else:
                     found = call.finish(self._samples(call))
+                self.found = found
                 self._out = (float(found.time_s), int(found.extrapolated))
             else:
                 self._out = (float(simulate_by(sims.deadline, self.prog, sims.topo, sims.nbytes,

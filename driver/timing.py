@@ -55,6 +55,13 @@ def started() -> float:
     return _started  # type: ignore[return-value]
 
 
+def started_on_work_clock() -> float:
+    """The command's start (:func:`started`) on the work clock (:func:`hccc.util.clock.now`: wall
+    time less numba's compiling): a deadline ``T`` seconds after it is ``T`` seconds of the
+    command's own wall time, its start-up (the interpreter, the imports) included."""
+    return started() - _compiled_at_start
+
+
 #: the name of the part that is numba's compiling, wherever it fell
 COMPILING = "numba compiling hccc's kernels"
 

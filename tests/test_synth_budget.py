@@ -4,6 +4,7 @@ the predictions rest on the fewest transfers a program can have, which every val
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -264,3 +265,73 @@ def test_the_closing_phases_get_their_time_at_the_machines_pace(monkeypatch, tmp
         got[pace] = json.loads(capsys.readouterr().out)
     assert not got[1.0]["timed_out"]
     assert got[4.0]["timed_out"] and got[4.0]["phase_seconds"]["search"] < 10
+
+
+def test_a_tree_program_whose_unstoppable_work_would_overrun_the_limit_is_refused_up_front(monkeypatch, tmp_path,
+                                                                                          capsys):
+    """Where the tree packing's first program and its closing phases, which cannot stop, would end
+    past ``T`` + 10 % + 2 s at the machine's present pace, the command refuses before making
+    anything, naming the cluster, the pace and how much longer a limit it needs; nothing is
+    written. The same prediction at an idle machine's pace, within the limit, goes on. (The
+    prediction raised to a second a pair of ranks: 64 s for 8 GPUs, past a 30 s limit.)"""
+    from hccc.cli import main
+
+    monkeypatch.setattr(budget, "TREE_PROGRAM_SECONDS_PER_PAIR", 1.0)
+    src = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "a100_topo1.topo"
+    out = tmp_path / "a.rccl"
+    assert main(["synth", str(src), "--collective", "allgather", "--time-limit", "30", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "a100_topo1.topo: the tree packing's first allgather program on 8 GPUs" in err
+    assert "the time limit binds; raise --time-limit by" in err and "Traceback" not in err and not out.exists()
+    # at a quarter of it and three times the pace: 48 s, refused; at an idle machine's pace, 16 s: made
+    monkeypatch.setattr(budget, "TREE_PROGRAM_SECONDS_PER_PAIR", 0.25)
+    monkeypatch.setattr(clock, "pace_ahead", lambda: 3.0)
+    assert main(["synth", str(src), "--collective", "allgather", "--time-limit", "30", "-o", str(out)]) == 1
+    assert "(3.0 wall seconds a CPU second; 16.0 s on an idle one)" in capsys.readouterr().err
+    monkeypatch.setattr(clock, "pace_ahead", lambda: 1.0)
+    assert main(["synth", str(src), "--collective", "allgather", "--time-limit", "30", "-o", str(out)]) == 0
+    assert out.exists()
+
+
+def test_the_tree_prediction_grows_with_the_pairs_and_counts_the_closing_transfers():
+    n = 1024
+    ag, ar = budget.tree_unstoppable_seconds("allgather", n), budget.tree_unstoppable_seconds("allreduce", n)
+    assert ag == pytest.approx(budget.TREE_PROGRAM_SECONDS_PER_PAIR * n * n
+                               + budget.CLOSING_SECONDS_PER_TREE_TRANSFER * n * (n - 1))
+    assert ar == pytest.approx(budget.TREE_ALLREDUCE_FACTOR * budget.TREE_PROGRAM_SECONDS_PER_PAIR * n * n
+                               + budget.CLOSING_SECONDS_PER_TREE_TRANSFER * 2 * n * (n - 1))
+    assert budget.tree_unstoppable_seconds("allgather", 1) == pytest.approx(budget.TREE_PROGRAM_SECONDS_PER_PAIR)
+
+
+def test_the_limit_counts_from_the_commands_start():
+    """``--time-limit`` is the command's wall time from its start (the interpreter's start-up and
+    the imports included): the deadline's origin is the command's start on the work clock."""
+    import time
+
+    from hccc import timing
+
+    at = time.perf_counter() - 3.0
+    timing.start(at, compiled=clock.compile_seconds() - 0.5)
+    try:
+        assert timing.started_on_work_clock() == pytest.approx(at - (clock.compile_seconds() - 0.5))
+        assert clock.now() - timing.started_on_work_clock() == pytest.approx(3.0 - 0.5, abs=0.2)
+    finally:
+        timing.start()
+
+
+def test_the_pace_ahead_is_the_larger_of_the_pace_so_far_and_the_run_queue_per_cpu(monkeypatch):
+    import os
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(clock, "slowdown", lambda: 1.5)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert clock.pace_ahead() == 1.5
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.0 * cpus, 0.0, 0.0))
+    assert clock.pace_ahead() == pytest.approx(3.0)
+    monkeypatch.setattr(os, "getloadavg", lambda: (100.0 * cpus, 0.0, 0.0))
+    assert clock.pace_ahead() == clock.MAX_SLOWDOWN
+
+    def no_load():
+        raise OSError("no load average here")
+    monkeypatch.setattr(os, "getloadavg", no_load)
+    monkeypatch.setattr(clock, "slowdown", lambda: 1.0)
+    assert clock.pace_ahead() == 1.0

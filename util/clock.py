@@ -151,6 +151,27 @@ def slowdown() -> float:
     return min(MAX_SLOWDOWN, max(1.0, wall / cpu))
 
 
+def pace_ahead() -> float:
+    """The wall seconds a CPU second of this process is likely to take from now on: the larger of
+    :func:`slowdown` (the pace so far) and the machine's run queue per CPU this process may use
+    (the one-minute load average over them, this process one of the load); at least 1, at most
+    :data:`MAX_SLOWDOWN`. What a refusal of work that cannot stop weighs: a command's first phases
+    (the imports, reading the cluster) wait on the disk as much as on the CPUs, so the pace so far
+    understates what a loaded machine gives the long computing after them (``hccc synth`` on 128
+    nodes x 8 H20, AllReduce, ``--time-limit 30``, load average 10 on 2 cores: 1.6-1.9 wall seconds
+    a CPU second when the command weighed its tree program, 4.3 over the whole run)."""
+    import os
+    try:
+        try:
+            cpus = max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            cpus = max(1, os.cpu_count() or 1)
+        queue = os.getloadavg()[0] / cpus
+    except (AttributeError, OSError):
+        queue = 1.0
+    return min(MAX_SLOWDOWN, max(1.0, slowdown(), queue))
+
+
 class Deadline:
     """A time on the work clock by which a piece of work must end, passed explicitly through every
     phase of it (``hccc synth --time-limit``: the bounds, the search or packing, the simulations,

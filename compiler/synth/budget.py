@@ -52,6 +52,32 @@ SCHEDULE_SECONDS_PER_TRANSFER_STEP = 5e-9
 SCHEDULER_LOAD_SECONDS = 1.0
 
 
+#: CPU seconds per pair of ranks (``nranks ** 2``) of the tree packing's first program on a large
+#: cluster, which cannot stop once started: the setting (the networks of the halves, their cut
+#: bounds, the symmetry classes, the LP's columns and its first arborescences) and the builder of the
+#: first candidate (bundles, blocks per rank, rows). Measured on 128 nodes x 8 H20 (1,024 GPUs),
+#: ``--time-limit 10`` on a loaded 2-core machine: AllGather 3.8 s of CPU from the packing's start to
+#: its program, 3.6e-6 a pair; rounded up. An AllReduce packs its halves and the joint packing:
+#: :data:`TREE_ALLREDUCE_FACTOR` times as much (5.8 s there; 512 GPUs, 1.4 s: 5.3e-6 a pair)
+TREE_PROGRAM_SECONDS_PER_PAIR = 4e-6
+TREE_ALLREDUCE_FACTOR = 1.6
+#: CPU seconds of the closing phases (proof, link check, the engines' checks, text) per transfer
+#: of a tree program, whose rows are few long loops: measured 1.2 us (AllGather, 1,047,552
+#: transfers) and 3.0 us (AllReduce, 2,095,104, replayed: reductions) on 1,024 GPUs, 2.8 us on
+#: the 512-GPU AllReduce (above); rounded up. What the up-front check of a tree program weighs
+#: (:func:`tree_unstoppable_seconds`); the search's reserve keeps :data:`CLOSING_SECONDS_PER_TRANSFER`
+CLOSING_SECONDS_PER_TREE_TRANSFER = 3.2e-6
+
+
+def tree_unstoppable_seconds(collective: str, nranks: int) -> float:
+    """Predicted CPU seconds of what cannot stop once the tree packing has started on ``nranks``
+    ranks: its first program (:data:`TREE_PROGRAM_SECONDS_PER_PAIR`) and that program's closing
+    phases over the least transfers any program has (:func:`least_transfers`)."""
+    n = max(0, int(nranks))
+    first = TREE_PROGRAM_SECONDS_PER_PAIR * n * n * (TREE_ALLREDUCE_FACTOR if collective == "allreduce" else 1.0)
+    return first + CLOSING_SECONDS_PER_TREE_TRANSFER * least_transfers(collective, n)
+
+
 #: what ``--time-limit T`` promises (docs/files-and-limits.md): the command ends by ``T`` plus
 #: this share of ``T`` plus :data:`OVERRUN_SECONDS` (what a phase that cannot stop may run past
 #: its share); a phase that would surely end later refuses up front instead (:func:`overruns`)
@@ -104,5 +130,6 @@ def schedule_seconds(ntransfers: int, steps: int) -> float:
     return load + SCHEDULE_SECONDS_PER_TRANSFER_STEP * m * max(1, int(steps))
 
 
-__all__ = ["CLOSING_SECONDS_PER_TRANSFER", "CLOSING_SECONDS_PER_ALLTOALL_TRANSFER", "OVERRUN_FRACTION", "OVERRUN_SECONDS", "overruns", "SCHEDULE_SECONDS_PER_TRANSFER_STEP", "SCHEDULER_LOAD_SECONDS",
+__all__ = ["CLOSING_SECONDS_PER_TRANSFER", "CLOSING_SECONDS_PER_ALLTOALL_TRANSFER", "CLOSING_SECONDS_PER_TREE_TRANSFER",
+           "TREE_ALLREDUCE_FACTOR", "TREE_PROGRAM_SECONDS_PER_PAIR", "tree_unstoppable_seconds", "OVERRUN_FRACTION", "OVERRUN_SECONDS", "overruns", "SCHEDULE_SECONDS_PER_TRANSFER_STEP", "SCHEDULER_LOAD_SECONDS",
            "closing_seconds", "least_transfers", "schedule_seconds", "wall_seconds"]

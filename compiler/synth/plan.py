@@ -51,6 +51,8 @@ class SynthOptions:
     engine: str | None = None                # one of ENGINE_CHOICES: fit that engine's limits
     cluster_name: str | None = None          # written in the header comment (the file's name)
     auto_search_below: float = AUTO_SEARCH_BELOW
+    exact: bool = False                      # the report's figure simulated whole, whatever its work
+                                             # (else estimated past FIGURE_WORK_BUDGET); the program is the same
 
     @property
     def search_only(self) -> list[str]:
