@@ -5,6 +5,7 @@
     python benchmarks/synth_scale.py --quick          # the six HeteCCL clusters (V100) and 64 GPUs
     python benchmarks/synth_scale.py --json out.json  # also write the rows as JSON
     python benchmarks/synth_scale.py --end-to-end     # 512 and 1,024 H20 GPUs: synth then compile, vs 120 s
+    python benchmarks/synth_scale.py --time-limits    # 512 and 1,024 H20 GPUs under --time-limit 10, vs T + 10 % + 2 s
 
 Rows:
 * HeteCCL's six heterogeneous clusters (section 6.1) in both flavours (``examples/clusters/{h20,v100}_*``);
@@ -24,6 +25,11 @@ the wall seconds and CPU seconds (user + system, its children's included) of eac
 their sums: the CPU seconds are held to :data:`END_TO_END_TARGET` (what an idle machine takes; on
 a shared one the wall seconds grow with the load, and are printed beside them); and the transfers
 and method of the program. ``--nodes 64,128`` picks the cluster sizes.
+
+``--time-limits``: AllToAll, Broadcast, AllGather and AllReduce on the same clusters, ``hccc synth
+CLUSTER --collective C --time-limit T`` (``--time-limit``, default 10) each a fresh process: its wall
+and CPU seconds, its exit status (1: refused with a located reason, which is printed), and whether
+the wall time is within what the limit promises, ``T`` + 10 % + 2 s (``budget.overruns``).
 """
 from __future__ import annotations
 
@@ -170,6 +176,37 @@ def end_to_end(nodes_list, workdir: Path) -> list[dict]:
     return rows
 
 
+def time_limits(nodes_list, limit: float, workdir: Path) -> list[dict]:
+    """The ``--time-limits`` rows: each collective under ``--time-limit limit``, its own process."""
+    from hccc.compiler.synth.budget import OVERRUN_FRACTION, OVERRUN_SECONDS
+
+    hccc = [sys.executable, "-m", "hccc"]
+    promise = limit * (1 + OVERRUN_FRACTION) + OVERRUN_SECONDS
+    rows = []
+    for nodes in nodes_list:
+        topo = workdir / f"h20_{nodes}x8.topo"
+        topo.write_text(_h20_cluster_text(nodes))
+        for coll in ("alltoall", "broadcast", "allgather", "allreduce"):
+            load = _load()
+            rc, wall, cpu, err, _ = _timed(hccc + ["synth", str(topo), "--collective", coll, "--time-limit", f"{limit:g}",
+                                                   "-o", str(workdir / f"{coll}_{nodes * 8}.rccl")])
+            row = {"gpus": nodes * 8, "collective": coll, "time_limit": limit, "rc": rc, "wall_s": round(wall, 2),
+                   "cpu_s": round(cpu, 2), "load": load, "within": wall <= promise}
+            if rc:
+                row["refusal"] = err.splitlines()[-1] if err else ""
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def _load() -> float | None:
+    import os
+    try:
+        return round(os.getloadavg()[0], 1)
+    except (AttributeError, OSError):
+        return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="V100 HeteCCL clusters and 64 GPUs only")
@@ -182,7 +219,23 @@ def main(argv=None) -> int:
                     help=f"512 and 1,024 H20 GPUs: hccc synth then hccc compile, against {END_TO_END_TARGET:g} s")
     ap.add_argument("--nodes", default=",".join(map(str, END_TO_END_NODES)),
                     help="--end-to-end's clusters, in nodes of 8 GPUs (default 64,128)")
+    ap.add_argument("--time-limits", action="store_true",
+                    help="512 and 1,024 H20 GPUs, every collective, hccc synth --time-limit (default 10) against "
+                         "T + 10 %% + 2 s of wall time")
     args = ap.parse_args(argv)
+    if args.time_limits:
+        import tempfile
+
+        nodes = [int(x) for x in args.nodes.split(",") if x.strip()]
+        with tempfile.TemporaryDirectory(prefix="hccc_synth_limits_") as d:
+            rows = time_limits(nodes, args.time_limit, Path(d))
+        for r in rows:
+            print(f"{r['gpus']:5d} GPUs {r['collective']:10s} --time-limit {r['time_limit']:g}: {r['wall_s']:6.1f} s wall "
+                  f"({r['cpu_s']:.1f} CPU, load {r['load']}), rc {r['rc']}  {'within' if r['within'] else 'OVER'}"
+                  + (f"  {r['refusal']}" if r.get("refusal") else ""))
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        return 0 if all(r["within"] for r in rows) else 1
     if args.end_to_end:
         import tempfile
 

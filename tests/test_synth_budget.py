@@ -319,15 +319,17 @@ def test_the_limit_counts_from_the_commands_start():
         timing.start()
 
 
-def test_the_pace_ahead_is_the_larger_of_the_pace_so_far_and_the_run_queue_per_cpu(monkeypatch):
+def test_the_pace_ahead_is_the_pace_so_far_or_the_run_queue_per_cpu_up_to_twice_it(monkeypatch):
     import os
     cpus = len(os.sched_getaffinity(0))
     monkeypatch.setattr(clock, "slowdown", lambda: 1.5)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert clock.pace_ahead() == 1.5
-    monkeypatch.setattr(os, "getloadavg", lambda: (3.0 * cpus, 0.0, 0.0))
-    assert clock.pace_ahead() == pytest.approx(3.0)
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.0 * cpus, 0.0, 0.0))
+    assert clock.pace_ahead() == pytest.approx(2.0)
     monkeypatch.setattr(os, "getloadavg", lambda: (100.0 * cpus, 0.0, 0.0))
+    assert clock.pace_ahead() == pytest.approx(clock.PACE_QUEUE_TRUST * 1.5)      # the queue trusted so far only
+    monkeypatch.setattr(clock, "slowdown", lambda: 6.0)
     assert clock.pace_ahead() == clock.MAX_SLOWDOWN
 
     def no_load():

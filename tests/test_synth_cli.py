@@ -11,6 +11,7 @@ from hccc import cli
 from hccc.cli import main
 from hccc.compiler.pipeline import load_algorithm
 from hccc.compiler.passes.verify import verify
+from hccc.synth_figure import ESTIMATE_FLOOR
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth.plan import SynthOptions
 from hccc.synth_select import synthesize_programs
@@ -159,7 +160,9 @@ def test_size_range_writes_one_program_per_size_by_its_method(topo, tmp_path, ca
     for p in progs:
         scored = [c for c in p["selection"]["candidates"] if c["fraction_of_bound"] is not None]
         assert p["method"] == p["selection"]["kept"]
-        assert p["fraction_of_bound"] == max(c["fraction_of_bound"] for c in scored)
+        # (the figure is the whole call's simulation where the selection extrapolated the time within
+        # the figure's work budget: hccc.synth_figure; the two within the estimate's least uncertainty)
+        assert p["fraction_of_bound"] == pytest.approx(max(c["fraction_of_bound"] for c in scored), rel=ESTIMATE_FLOOR)
     for p in progs:
         text = Path(p["output"]).read_text()
         assert f"# method {p['method']}: simulated at {p['size']} bytes" in text

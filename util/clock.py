@@ -151,15 +151,27 @@ def slowdown() -> float:
     return min(MAX_SLOWDOWN, max(1.0, wall / cpu))
 
 
+#: how far :func:`pace_ahead` trusts the run queue past the pace so far: at most this many times
+#: it. At a load average of 9-10 on 2 cores (about 5 a CPU) ``hccc synth`` on 64 and 128 nodes x
+#: 8 H20 weighed its tree program at a pace so far of 1.5-1.9 and then ran at 2.0 (AllGather,
+#: 1,024 GPUs, ``--time-limit 20``: 16.7 s), 2.2 (AllReduce, 512 GPUs, ``--time-limit 10``: 8.6 s)
+#: and 4.3 (AllReduce, 1,024 GPUs, ``--time-limit 30``: 62 s): the run queue alone (5) would refuse
+#: the first two, the pace so far alone let the third overrun. 1.5 lets the first two go on and
+#: refuses the third (benchmarks/synth_scale.py --time-limits)
+PACE_QUEUE_TRUST = 1.5
+
+
 def pace_ahead() -> float:
-    """The wall seconds a CPU second of this process is likely to take from now on: the larger of
-    :func:`slowdown` (the pace so far) and the machine's run queue per CPU this process may use
-    (the one-minute load average over them, this process one of the load); at least 1, at most
-    :data:`MAX_SLOWDOWN`. What a refusal of work that cannot stop weighs: a command's first phases
-    (the imports, reading the cluster) wait on the disk as much as on the CPUs, so the pace so far
-    understates what a loaded machine gives the long computing after them (``hccc synth`` on 128
-    nodes x 8 H20, AllReduce, ``--time-limit 30``, load average 10 on 2 cores: 1.6-1.9 wall seconds
-    a CPU second when the command weighed its tree program, 4.3 over the whole run)."""
+    """The wall seconds a CPU second of this process is likely to take from now on: :func:`slowdown`
+    (the pace so far), or where the machine's run queue per CPU this process may use (the
+    one-minute load average over them, this process one of the load) is longer, that, up to
+    :data:`PACE_QUEUE_TRUST` times the pace so far; at least 1, at most :data:`MAX_SLOWDOWN`. What a
+    refusal of work that cannot stop weighs: a command's first phases (the imports, reading the
+    cluster) wait on the disk as much as on the CPUs, so the pace so far understates what a loaded
+    machine gives the long computing after them (``hccc synth`` on 128 nodes x 8 H20, AllReduce,
+    ``--time-limit 30``, load average 10 on 2 cores: 1.6-1.9 wall seconds a CPU second when the
+    command weighed its tree program, 4.3 over the whole run). A load that grows later is not
+    foreseen."""
     import os
     try:
         try:
@@ -169,7 +181,8 @@ def pace_ahead() -> float:
         queue = os.getloadavg()[0] / cpus
     except (AttributeError, OSError):
         queue = 1.0
-    return min(MAX_SLOWDOWN, max(1.0, slowdown(), queue))
+    so_far = slowdown()
+    return min(MAX_SLOWDOWN, max(1.0, so_far, min(queue, PACE_QUEUE_TRUST * so_far)))
 
 
 class Deadline:
