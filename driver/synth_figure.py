@@ -13,8 +13,8 @@ report gives differs:
   same on every machine), or always under ``--exact``; past the budget the figure is the
   extrapolation with its uncertainty (:func:`estimate_interval`), for example ``0.997 +- 0.003 of
   the cut bound, estimated from 3 short calls (9, 17, 25 of 128 micro-batches)``;
-* a program the selection did not simulate (over ``SIMULATE_MAX_RANKS`` GPUs) has no figure,
-  unless ``--exact`` asks for it: then it is simulated whole;
+* a program the selection did not simulate (over ``SIMULATE_MAX_RANKS`` GPUs, or the limit left no
+  time) has no figure, unless ``--exact`` asks for it: then it is simulated whole (by the deadline);
 * the time limit stops these simulations as every other: the figure then stays estimated (or
   absent), and the report says the limit bound (only then may it differ between machines).
 
@@ -109,7 +109,7 @@ def figure(result, sims, bound_s: float, *, exact: bool, simulated: bool) -> Fig
     t = sims.times.get(tkey)
     found = sims.periodic.get(tkey)
     if t is None:
-        if not (exact and not simulated):
+        if not exact:
             return _none("not simulated")
         whole, stopped = sims.whole_seconds(result, channels, None)
         if whole is None:

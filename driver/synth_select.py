@@ -908,8 +908,8 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
 
 
 def _refuse_unstoppable(opts, topo, size: int, deadline: float) -> None:
-    """A ValueError, before anything is made, where the tree packing's program would be made and what
-    cannot stop once it starts (its first program, then the proof and text of it:
+    """A CompileError naming the cluster, before anything is made, where the tree packing's program
+    would be made and what cannot stop once it starts (its first program, then the proof and text of it:
     :func:`hccc.compiler.synth.budget.tree_unstoppable_seconds`), at the pace this machine is likely
     to give the command (:func:`hccc.util.clock.pace_ahead`), would end past what ``--time-limit``
     promises (:func:`hccc.compiler.synth.budget.overruns`): at 1,024 GPUs and ``--time-limit 10`` on
@@ -928,10 +928,11 @@ def _refuse_unstoppable(opts, topo, size: int, deadline: float) -> None:
     if not overruns(need, left):
         return
     leaves = f"the time limit leaves {left:.1f} s" if left > 0 else f"the time limit has passed ({-left:.1f} s ago)"
-    raise ValueError(f"the tree packing's first {coll} program on {n:,} GPUs and the proof and text of its "
-                     f"transfers cannot stop once started and need about {need:.1f} s at this machine's present "
-                     f"pace ({pace:.1f} wall seconds a CPU second; {cpu:.1f} s on an idle one), and {leaves}: "
-                     f"the time limit binds; raise --time-limit by {max(1, math.ceil(need - left))} s or more")
+    raise CompileError([Diagnostic(
+        f"{printable(str(opts.cluster_name or 'the cluster'))}: the tree packing's first {coll} program on {n:,} GPUs "
+        f"and the proof and text of its transfers cannot stop once started and need about {need:.1f} s at this "
+        f"machine's present pace ({pace:.1f} wall seconds a CPU second; {cpu:.1f} s on an idle one), and {leaves}: "
+        f"the time limit binds; raise --time-limit by {max(1, math.ceil(need - left))} s or more", None)])
 
 
 def _figure(opts, result, sims, bound: dict, fraction, simulated: bool, phase):

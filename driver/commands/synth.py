@@ -75,12 +75,15 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="chunks per rank of the step search (written as the program's nChunksPerRank; default 1; "
                         "the tree packing picks its own, so giving K makes --method auto search)")
     p.add_argument("--time-limit", type=seconds(zero_ok=False), default=60.0, metavar="S",
-                   help="seconds for the whole command (several --size share it): the search or packing, "
-                        "then the simulations that pick the tree shape and the channels and measure the "
+                   help="seconds for the whole command from its start (several --size share it): the search or "
+                        "packing, then the simulations that pick the tree shape and the channels and measure the "
                         "fraction of the bound, then the proof and the text, whose predicted time the search "
                         "leaves them; the best schedule so far is written then, saying what was not "
                         "simulated (measured on a clock that stands still while numba compiles its kernels, as it "
-                        "does once after an install, so a first run decides as a later one)")
+                        "does once after an install, so a first run decides as a later one); where what cannot "
+                        "stop (a large cluster's first tree program and its proof, the AllToAll's scheduler) "
+                        "would end past the limit + 10 %% + 2 s at the machine's pace, the command refuses up "
+                        "front and says how much longer a limit it needs")
     p.add_argument("--pod-size", type=positive_int, default=None, metavar="M",
                    help="compose hierarchically over identical pods of M GPUs (default: automatic; "
                         "clusters of up to 64 GPUs are solved flat)")
