@@ -124,7 +124,8 @@ def figure(result, sims, bound_s: float, *, exact: bool, simulated: bool) -> Fig
     if exact or whole_work(found) <= FIGURE_WORK_BUDGET:
         whole, stopped = sims.whole_seconds(result, channels, None if exact else FIGURE_WORK_BUDGET)
         if whole is not None:
-            return _exact(bound_s, whole, "the whole call simulated " + ("(--exact)" if exact else "(within the figure's work budget)"))
+            return _exact(bound_s, whole, "the whole call simulated "
+                          + ("(--exact)" if exact else "(within the figure's work budget)"))
         low, high = estimate_interval(found)
         return Figure(bound_s / t, bound_s / high, bound_s / low, True,
                       said + ("; the whole call's simulation stopped by the time limit" if stopped else

@@ -72,9 +72,9 @@ def run(args) -> int:
         # fit is refused before it is lowered
         from hccc.compiler.interop.mscclpp_limits import check_transfers_fit
         with located(args.algo, alg):
-            check_transfers_fit(alg.src, alg.dst, PlanLimits(max_tbs=args.max_tbs), nodes=node_map(alg.header.nranks, gpn),
-                                channel=alg.channels, protocol=args.proto, instances=args.instances,
-                                micro_batches=args.micro_batches)
+            check_transfers_fit(alg.src, alg.dst, PlanLimits(max_tbs=args.max_tbs),
+                                nodes=node_map(alg.header.nranks, gpn), channel=alg.channels, protocol=args.proto,
+                                instances=args.instances, micro_batches=args.micro_batches)
         ir = build_algorithm_level(alg, chunk_bytes=args.chunk_size)
     else:
         ir = load_program(args.algo, program_options(args))
