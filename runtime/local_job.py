@@ -9,8 +9,12 @@ once, with its reason) and runs a step on every rank together (:meth:`LocalJob.e
 per rank); :meth:`LocalJob.collective` is one call of the program's collective on every rank's
 array, the outputs returned in rank order for the caller's oracle, and :meth:`LocalJob.run` one
 call on the oracle's inputs compared with it as the single-process runner compares
-(:mod:`hccc.runtime.oracle`), a :class:`~hccc.runtime.launcher.RunResult`. Everything a rank allocates is
-POSIX shared memory or the platform's, mapped by its peers as in separate processes.
+(:mod:`hccc.runtime.oracle`), a :class:`~hccc.runtime.launcher.RunResult`. The ranks take every
+step of a job's set-up, barriers, calls and failure handling; only the handles travel in-process:
+what a rank's peers reach of it (control block, FIFOs, flags, host segment) is this process's
+memory, exchanged as objects and pointers through the bootstrap (:meth:`~hccc.runtime.bootstrap.
+Bootstrap.exchange`), with nothing exported, named in ``/dev/shm`` or mapped (GPUs of one process
+still export IPC memory, taken by pointer).
 
 A call may also be launched together, as the single-process runner launches (:class:`GroupLaunch`):
 each rank's thread takes its call through the job's steps up to the launch
@@ -32,7 +36,7 @@ import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.ir.extents import count_unit
-from hccc.runtime import oracle, reference
+from hccc.runtime import oracle, reference, shm
 from hccc.runtime.bootstrap import local_bootstraps
 from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
@@ -99,6 +103,7 @@ class LocalJob:
         #: ended on close or when the job is collected unclosed
         self._threads = RankThreads(self.nranks)
         weakref.finalize(self, self._threads.close)
+        shm.reap_stale()     # once for the job (its ranks name no segments of their own)
         boots = local_bootstraps(self.nranks, timeout_s=timeout_s)
         programs = SharedPrograms()
         #: the ranks' communicators, in rank order

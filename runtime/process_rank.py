@@ -62,6 +62,9 @@ class ProcessRank:
         #: the condition the ranks of an in-process job share for their host barriers, or None
         #: (:attr:`~hccc.runtime.bootstrap.Bootstrap.wake`, set by the bootstrap)
         self._wake = None
+        #: every peer is a thread of this process (an in-process bootstrap): the handles of this
+        #: rank's memory and host segment travel as objects (set by the bootstrap)
+        self._in_process = False
         #: what release() gives back (:class:`RankAllocations`; made with the memory)
         self._owned: RankAllocations | None = None
         #: (count, element bytes, protocol asked) -> (LaunchCall, this rank's layout row)
@@ -91,7 +94,7 @@ class ProcessRank:
         to the peers, orphan FIFOs and connection tables local; its table in table mode), its
         flags, its host segment and its stream."""
         pf = self._pf
-        self._owned = own = RankAllocations(pf)
+        self._owned = own = RankAllocations(pf, in_process=self._in_process)
         self._mem = mem = RankMemory(self._plans[self.rank], pf, own.exported, own.local,
                                      lambda n: own.local(n, peer=True))
         self.flags = own.launch_flags()
@@ -100,7 +103,8 @@ class ProcessRank:
                 mem.load_table(self._prog.tables([self.rank])[self.rank])
             except PlatformError as exc:
                 raise CommunicatorError(f"rank {self.rank}: {exc}") from None
-        self._hosts = HostSegments(self.rank, self.world_size, self.timeout_s, wake=self._wake)
+        self._hosts = HostSegments(self.rank, self.world_size, self.timeout_s, wake=self._wake,
+                                   in_process=self._in_process)
         self._stream = pf.stream()
         self._vcalls = RankAllToAllv(
             self.ir, self.rank, self.world_size, pf, Staging(pf, own.allocs), self._hosts, run=self._run,

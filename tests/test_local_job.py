@@ -64,6 +64,35 @@ def test_every_rank_gets_every_ranks_data_in_rank_order(data):
     assert boots[0].rendezvous._steps == {}     # every step forgotten once all ranks read it
 
 
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                     | st.text(max_size=5),
+                     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=3), kids, max_size=3),
+                     max_leaves=8)
+
+
+@settings(max_examples=25)
+@given(values=st.lists(st.dictionaries(st.text(max_size=3), _json, max_size=3), min_size=1, max_size=5))
+def test_an_exchange_gives_every_ranks_value_as_json_between_processes_and_as_itself_in_one(values):
+    """:meth:`Bootstrap.exchange`: every rank gets every rank's value in rank order; a bootstrap
+    that moves bytes (as between processes) sends them as JSON text, equal once read back, and
+    the in-process bootstrap hands over the objects themselves."""
+    from hccc.runtime.bootstrap import Bootstrap
+
+    class Bytes(Bootstrap):          # moves bytes only: the exchange goes through JSON text
+        def __init__(self, inner):
+            self.inner, self.rank, self.world_size = inner, inner.rank, inner.world_size
+
+        def all_gather(self, data, tag):
+            return self.inner.all_gather(data, tag)
+
+    n = len(values)
+    boots = local_bootstraps(n, timeout_s=10)
+    same = _threads(n, lambda r: boots[r].exchange(values[r], "objects"))
+    assert all(got == values and all(g is v for g, v in zip(got, values)) for got in same)
+    text = _threads(n, lambda r: Bytes(boots[r]).exchange(values[r], "text"))
+    assert all(got == values for got in text)
+
+
 def test_a_rank_that_never_arrives_is_named():
     boots = local_bootstraps(3, timeout_s=0.3)
     got = _threads(2, lambda r: boots[r].all_gather(b"x", "handles"))
@@ -494,14 +523,25 @@ def test_a_stuck_run_is_reported_and_the_job_runs_again():
 
 
 @needs_gxx
-def test_ranks_in_threads_reach_each_others_memory_without_mapping_it():
-    """In-process ranks exchange pointers: no rank maps a peer's control block, FIFOs or flags
-    (only host segments, which every rank shares as in separate processes), and the calls run."""
+def test_ranks_in_threads_reach_each_others_memory_without_mapping_it(monkeypatch):
+    """In-process ranks exchange pointers and objects: nothing is exported, named in /dev/shm or
+    mapped (shared memory refused outright during the set-up and the calls), every rank takes
+    each peer's host segment as the peer's own object and its flags by address, and the calls
+    run."""
+    from hccc.runtime import shm
     from hccc.runtime.local_job import LocalJob
+
+    def refused(*args, **kwargs):
+        raise AssertionError("ranks in one process made or mapped POSIX shared memory")
+    monkeypatch.setattr(shm, "create", refused)
+    monkeypatch.setattr(shm, "attach", refused)
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
     with LocalJob(ir, timeout_s=30) as job:
-        assert all(c._owned.imported == [] for c in job.comms)
+        assert all(c._owned.imported == [] and c._owned.segments_own == [] for c in job.comms)
         assert all(set(c._owned.peer_flags) == {0, 1, 2} - {c.rank} for c in job.comms)
+        assert all(c._owned.peer_flags[p.rank] == p._owned.flags_ptr
+                   for c in job.comms for p in job.comms if p is not c)
+        assert all(c._hosts.peers[p.rank] is p._hosts.own for c in job.comms for p in job.comms if p is not c)
         got = job.collective([np.full(30, r + 1, np.float32) for r in range(3)], 30)
         assert all(np.array_equal(g, np.full(30, 6, np.float32)) for g in got)
 
