@@ -45,9 +45,9 @@ from hccc.runtime.generated import GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.kernel_abi import Args
-from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, program_layout
+from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, check_placement, program_layout
 from hccc.runtime.platform import Instance
-from hccc.runtime.rank_memory import BackgroundSync, grid_argument
+from hccc.runtime.rank_memory import BackgroundSync, LaunchCall, grid_argument
 
 
 class ThreadRank(Communicator):
@@ -128,19 +128,24 @@ class LocalJob:
         return [x for x, _ in got]
 
     def collective(self, inputs: list, count: int, op: str = "sum", *, together: bool = False,
-                   direct: bool = False, one_grid: bool = False) -> list[np.ndarray]:
+                   direct: bool = False, one_grid: bool = False, inplace: bool = False) -> list[np.ndarray]:
         """One call of the program's collective at ``count`` elements of full buffer (nccl-tests'
         S), ``inputs[r]`` rank ``r``'s array (copied; out of place, into an output of the
         program's layout at that count): every rank's output, in rank order. ``together``: the
         ranks' kernels launched by one thread (:class:`GroupLaunch`; the call's time in
         :attr:`last_time_us`), with ``direct`` direct mode's peers array for a Simple call and with
-        ``one_grid`` as one launch of the one-grid entry (:class:`GridEntry`)."""
+        ``one_grid`` as one launch of the one-grid entry (:class:`GridEntry`). ``inplace``: each
+        rank's input placed in its output where the program's layout overlays them (or its output
+        in its input), the collective's in-place form (ValueError where the program is not proven
+        in place or its buffers do not overlay, :func:`~hccc.runtime.launcher.check_placement`)."""
         if len(inputs) != self.nranks:
             raise ValueError(f"expected {self.nranks} input arrays, got {len(inputs)}")
         if (direct or one_grid) and not together:
             raise ValueError("direct mode's peers array and the one-grid launch need the ranks launched together")
         spec, method = SPECS[self.ir.collective], METHODS[self.ir.collective]
-        lens = [row[1] for row in program_layout(self.ir, int(count))]
+        rows = program_layout(self.ir, int(count))
+        if inplace:
+            check_placement(self.ir, True, rows)
         kwargs = {"op": op} if spec.reduces else {}
         grid = None
         if one_grid:
@@ -153,8 +158,7 @@ class LocalJob:
         garbage = oracle.GARBAGE[call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype]
 
         def step(r, comm):
-            x = np.array(inputs[r], copy=True)
-            out = np.full(lens[r], garbage, dtype=x.dtype)
+            x, out = _call_buffers(np.asarray(inputs[r]), rows[r], garbage, inplace)
             if group is None:
                 return np.array(getattr(comm, method)(x, out=out, **kwargs), copy=True)
             try:
@@ -194,43 +198,69 @@ class LocalJob:
 
     def run(self, count: int, *, dtype: str = "float32", op: str = "sum", seed: int = 0,
             together: bool = True, direct: bool = False, one_grid: bool = False, warmup: int = 0,
-            iters: int = 1) -> RunResult:
+            iters: int = 1, inplace: bool = False, proto: str | None = None,
+            slice_bytes: int | str = "auto", checks: int = 1, keep_outputs: bool = True) -> RunResult:
         """``warmup + iters`` calls at ``count`` elements of full buffer, each on the oracle's
-        inputs (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``) into garbage outputs, out
-        of place, launched as :meth:`collective` launches (the mean time of the timed ones when
-        launched together), the last compared as the single-process runner compares
-        (:func:`hccc.runtime.oracle.compare`): a :class:`RunResult` whose ``stuck`` is the job's
-        error (every rank's; the job then runs again, :meth:`recover`, as the runner stays usable
-        after a stuck launch) and whose ``outputs`` are every rank's."""
+        inputs (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``) into garbage outputs
+        (``inplace``: the collective's in-place form, as :meth:`collective` places it), launched as
+        :meth:`collective` launches (the mean time of the timed ones when launched together), the
+        last compared as the single-process runner compares (:func:`hccc.runtime.oracle.compare`),
+        then ``checks - 1`` more calls on the same inputs, each compared (nccl-tests' ``-c N``:
+        ``wrong`` sums them): a :class:`RunResult` whose ``stuck`` is the job's error (every
+        rank's; the job then runs again, :meth:`recover`, as the runner stays usable after a stuck
+        launch) and whose ``outputs`` are every rank's (of the first compared call; None without
+        ``keep_outputs``). ``proto`` (``"simple"``, ``"ll"``, ``"auto"``; None: the ranks' own)
+        and ``slice_bytes`` (``"auto"`` or a fixed micro-batch slice, a positive multiple of 16 of
+        at most the slot) hold for these calls only, on every rank alike; ValueError for either
+        before any call."""
         if dtype == "bfloat16":
             raise ValueError("a job's run passes numpy arrays, which hold no bfloat16 (run it through "
                              "torch tensors)")
-        if iters < 1 or warmup < 0:
-            raise ValueError("iters must be >= 1 and warmup >= 0")
+        if iters < 1 or warmup < 0 or checks < 1:
+            raise ValueError("iters and checks must be >= 1 and warmup >= 0")
         spec = SPECS[self.ir.collective]
         op = op if spec.reduces else "sum"
         count = reference.alltoall_count(int(count), count_unit(self.ir))
+        c0 = self.comms[0]
+        proto = c0.proto if proto is None else proto
+        # the call's protocol and slice checked before any rank makes it (the ranks plan alike)
+        LaunchCall.plan(self.ir, count, ELEMENT_BYTES[dtype], c0.chunk_bytes, proto=proto,
+                        slice_bytes=slice_bytes, fit_slot=False)
         inputs = oracle.make_inputs(self.ir, count, dtype, op, seed)
         device = [oracle.to_device(x, dtype) for x in inputs]
-        outs, stuck, times = None, None, []
+        outs, stuck, times, verdicts = None, None, [], []
+        kept = [(c.proto, c._slice_request) for c in self.comms]
+        for c in self.comms:
+            c.proto, c._slice_request = proto, slice_bytes
+
+        def call():
+            return self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid,
+                                   inplace=inplace)
         try:
             for it in range(warmup + iters):
-                outs = self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid)
+                outs = call()
                 if together and it >= warmup:
                     times.append(self.last_time_us)
+            verdicts.append(oracle.compare(self.ir, dtype, op, outs, inputs, inplace))
+            for _ in range(checks - 1):
+                verdicts.append(oracle.compare(self.ir, dtype, op, call(), inputs, inplace))
         except CommunicatorError as exc:
             outs, stuck = None, str(exc)
             self.recover()
-        wrong, first, coll_wrong, used = (oracle.compare(self.ir, dtype, op, outs, inputs, False)
-                                          if outs is not None else (0, None, -1, None))
-        c0 = self.comms[0]
-        return RunResult(bytes=count * ELEMENT_BYTES[dtype], count=count, dtype=dtype, op=op, inplace=False,
+        finally:
+            for c, (p, sl) in zip(self.comms, kept):
+                c.proto, c._slice_request = p, sl
+        wrong = sum(v[0] for v in verdicts)
+        first = next((v[1] for v in verdicts if v[1] is not None), None)
+        coll_wrong, used = (verdicts[0][2], verdicts[0][3]) if verdicts else (-1, None)
+        return RunResult(bytes=count * ELEMENT_BYTES[dtype], count=count, dtype=dtype, op=op, inplace=bool(inplace),
                          wrong=int(wrong), time_us=float(np.mean(times)) if times else float("nan"),
                          stuck=stuck, first_wrong=first, collective=self.ir.collective,
                          nranks=self.nranks, iters=len(times) if together else 0,
-                         collective_wrong=int(coll_wrong), nthreads=c0.block, oracle=used, outputs=outs,
+                         collective_wrong=int(coll_wrong), nthreads=c0.block, oracle=used,
+                         outputs=outs if keep_outputs and stuck is None else None,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
-                         checks=1 if outs is not None else 0)
+                         checks=len(verdicts))
 
     def close(self) -> None:
         """Close every rank's communicator (together: a peer that closes first is not a failure).
@@ -498,6 +528,22 @@ class GridEntry:
         """Every rank's blocks in one launch on rank 0's stream."""
         owner = self.comms[0]
         self.pf.launch_grid(self.fn, self.blocks, self.block, arg, owner._stream, abort_flag=owner.flags.abort)
+
+
+def _call_buffers(x: np.ndarray, row, garbage, inplace: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(input, output) of one rank's call of layout row ``row``
+    (:func:`~hccc.runtime.launcher.program_layout`) on a copy of ``x``: out of place an output of
+    ``garbage``; in place one buffer, the input at its offset in the output (the rest garbage),
+    or the output a view of the input at its offset."""
+    n_in, n_out, _scratch, in_off, out_off = row
+    if not inplace:
+        return np.array(x, copy=True), np.full(n_out, garbage, dtype=x.dtype)
+    if in_off >= 0:
+        buf = np.full(max(n_out, in_off + n_in), garbage, dtype=x.dtype)
+        buf[in_off:in_off + n_in] = x
+        return buf[in_off:in_off + n_in], buf[:n_out]
+    buf = np.array(x, copy=True)
+    return buf, buf[out_off:out_off + n_out]
 
 
 def _job_error(errors: list, doing: str) -> CommunicatorError:

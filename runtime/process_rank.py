@@ -82,6 +82,10 @@ class ProcessRank:
         #: a callable the waits poll (host barriers, the kernel's run): a reason to give up (a peer
         #: that is making another call elsewhere), or None
         self.watch = None
+        #: the micro-batch slice of the calls: ``"auto"`` (the slice model), or bytes that a job
+        #: whose ranks are threads of this process sets on every rank alike for a call
+        #: (:meth:`~hccc.runtime.local_job.LocalJob.run`)
+        self._slice_request: int | str = "auto"
 
     def _platform(self, backend, device, cache_dir) -> Platform:
         """The Platform object of this rank, its device chosen (:func:`open_rank_platform`)."""
@@ -276,12 +280,13 @@ class ProcessRank:
         :meth:`hccc.runtime.rank_memory.LaunchCall.plan`) and this rank's layout row, planned once
         per call shape: every input to them is the shape, the protocol asked for and what the
         communicator fixed when it was made."""
-        key = (count, es, self._proto)
+        key = (count, es, self._proto, self._slice_request)
         got = self._call_plans.get(key)
         if got is None:
             # the FIFOs were exported at set-up with slots of this capacity: every launch keeps it
             call = LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=self._proto,
-                                   ll_refused=self._ll_refused(), fit_slot=False)
+                                   slice_bytes=self._slice_request, ll_refused=self._ll_refused(),
+                                   fit_slot=False)
             got = self._remember(key, (call, self._layout_row(count)))
         return got
 

@@ -457,20 +457,37 @@ def test_a_rank_that_fails_before_a_launch_together_is_named_by_every_peer():
 @settings(max_examples=4)
 @given(alg=valid_programs(list(SPECS), max_ranks=4, min_ranks=2), count=st.integers(0, 300),
        dtype=st.sampled_from(["float32", "int32"]), op=st.sampled_from(["sum", "max", "min"]),
-       how=st.sampled_from([{}, {"direct": True}, {"one_grid": True}]))
-def test_a_jobs_run_is_the_runners_run(alg, count, dtype, op, how):
+       how=st.sampled_from([{}, {"direct": True}, {"one_grid": True}]),
+       call=st.fixed_dictionaries({"inplace": st.booleans(), "proto": st.sampled_from(["simple", "ll"]),
+                                   "slice_bytes": st.sampled_from(["auto", 16, 48]),
+                                   "checks": st.integers(1, 2)}))
+def test_a_jobs_run_is_the_runners_run(alg, count, dtype, op, how, call):
     """One call through the job's path (every rank a Communicator, in threads) and through the
-    single-process runner, on the same inputs: both checked by the oracle, their outputs equal."""
+    single-process runner, on the same inputs, with the same per-call options (in place,
+    protocol, slice, checked calls): both checked by the oracle, their outputs equal; a placement
+    the program cannot take refused by both alike."""
     from hccc.runtime.launcher import Runner
     from hccc.runtime.local_job import LocalJob
     ir = build_program(alg, chunk_bytes=64)
-    with LocalJob(ir, timeout_s=30, dtype=dtype, op=op) as job:
-        got = job.run(count, dtype=dtype, op=op, seed=count, warmup=1, iters=2, **how)
-    assert got.ok, (got.stuck, got.first_wrong)
-    assert got.iters == 2 and got.time_us > 0
     with Runner(ir, "cpu", dtype, op) as runner:
-        want = runner.run(count=count, seed=count, keep_outputs=True)
-    assert want.ok and want.count == got.count
+        try:
+            want = runner.run(count=count, seed=count, keep_outputs=True, **call)
+        except ValueError as exc:
+            refused = str(exc)
+        else:
+            refused = None
+    with LocalJob(ir, timeout_s=30, dtype=dtype, op=op) as job:
+        if refused is not None:
+            with pytest.raises(ValueError) as err:
+                job.run(count, dtype=dtype, op=op, seed=count, **call, **how)
+            assert str(err.value) == refused
+            return
+        got = job.run(count, dtype=dtype, op=op, seed=count, warmup=1, iters=2, **call, **how)
+        assert all(c.proto == "auto" and c._slice_request == "auto" for c in job.comms)   # (for this run only)
+    assert got.ok, (got.stuck, got.first_wrong)
+    assert got.iters == 2 and got.time_us > 0 and got.checks == want.checks == call["checks"]
+    assert want.ok and want.count == got.count and got.inplace == call["inplace"]
+    assert (got.proto, got.slice_bytes) == (want.proto, want.slice_bytes)
     for r, (g, w) in enumerate(zip(got.outputs, want.outputs)):
         assert np.array_equal(g, w, equal_nan=dtype == "float32"), f"rank {r}"
 
