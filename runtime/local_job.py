@@ -36,7 +36,8 @@ import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.ir.extents import count_unit
-from hccc.runtime import oracle, reference, shm
+from hccc.runtime import alltoallv as av, oracle, reference, shm
+from hccc.runtime.alltoallv_call import buffer_lengths
 from hccc.runtime.bootstrap import local_bootstraps
 from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
@@ -48,6 +49,7 @@ from hccc.runtime.kernel_abi import Args
 from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, check_placement, program_layout
 from hccc.runtime.platform import Instance
 from hccc.runtime.rank_memory import BackgroundSync, LaunchCall, grid_argument
+from hccc.util import dtypes as dtypes_table
 
 
 class ThreadRank(Communicator):
@@ -95,6 +97,8 @@ class LocalJob:
 
     def __init__(self, ir, *, timeout_s: float = 60.0, **communicator_options):
         self.ir, self.nranks = ir, int(ir.nranks)
+        #: the element type the ranks' kernels are built for at set-up (others on first use)
+        self.dtype = str(communicator_options.get("dtype", "float32"))
         #: the time of the last call launched together (:meth:`collective`), in microseconds
         self.last_time_us: float | None = None
         #: (dtype, op) -> the one-grid entry (:class:`GridEntry`), built on first use
@@ -261,6 +265,69 @@ class LocalJob:
                          outputs=outs if keep_outputs and stuck is None else None,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
                          checks=len(verdicts))
+
+    def run_v(self, counts, *, sdispls=None, rdispls=None, send_lens=None, recv_lens=None,
+              inplace: bool = False, inputs: list | None = None, seed: int = 0, warmup: int = 0,
+              iters: int = 1, keep_outputs: bool = True, dtype: str | None = None) -> RunResult:
+        """The AllToAll program as an AllToAllv (:mod:`hccc.runtime.alltoallv`), as the
+        single-process runner's ``run_v`` takes it: ``counts[s][d]`` elements from rank ``s`` to
+        rank ``d``, displacements ``sdispls[s][d]`` / ``rdispls[d][s]`` (None: packed), buffers of
+        ``send_lens[r]`` / ``recv_lens[r]`` elements (None: just large enough); ``inputs`` (one
+        array per rank, of its send buffer's length) or small integers from ``seed``, of ``dtype``
+        (default the job's, :attr:`dtype`). ``warmup + iters`` calls of every rank's
+        :meth:`~hccc.runtime.communicator.Communicator.all_to_all_v` (each rank's counts checked
+        by the ranks themselves, compared at the call's barrier), the last one's receive buffers
+        compared with :func:`hccc.runtime.alltoallv.expected` (not timed: ``time_us`` is nan).
+        ValueError (CountsError naming the entry) before any call for counts the buffers cannot
+        take; a failed call is the result's ``stuck`` and the job runs again (:meth:`recover`)."""
+        ir, N = self.ir, self.nranks
+        if not SPECS[ir.collective].per_pair_counts:
+            raise ValueError(f"{ir.name} is a {ir.collective}: per-pair counts need an AllToAll program")
+        if bool(inplace) not in ir.placements:
+            raise ValueError(f"{ir.name} is proven {'out of place' if inplace else 'in place'} only")
+        if iters < 1 or warmup < 0:
+            raise ValueError("iters must be >= 1 and warmup >= 0")
+        c = av.as_counts(counts, N)
+        send_lens, recv_lens = buffer_lengths(c, sdispls, rdispls, send_lens, recv_lens, inplace)
+        sd, rd = av.check_call(c, send_lens, recv_lens, sdispls, rdispls, inplace)
+        dtype = self.dtype if dtype is None else dtype
+        if dtype == "bfloat16":
+            raise ValueError("a job's run passes numpy arrays, which hold no bfloat16 (run it through "
+                             "torch tensors)")
+        npdt = np.dtype(dtypes_table.dtype(dtype).numpy)
+        if inputs is None:
+            rng = np.random.default_rng(seed)
+            inputs = [rng.integers(-100, 101, size=int(n)).astype(npdt) for n in send_lens]
+        else:
+            inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
+            if len(inputs) != N or any(len(x) != int(n) for x, n in zip(inputs, send_lens)):
+                raise ValueError("inputs: one array per rank, of its send buffer's length")
+        before = [np.array(inputs[r], copy=True) if inplace else np.full(int(recv_lens[r]), oracle.GARBAGE[dtype], npdt)
+                  for r in range(N)]
+        want = av.expected([np.array(x) for x in inputs], before, c, sd, rd)
+
+        def step(r, comm):
+            x = np.array(inputs[r], copy=True)
+            out = None if inplace else np.array(before[r], copy=True)
+            comm.all_to_all_v(x, out, c, sdispls=sdispls, rdispls=rdispls)
+            return x if inplace else out
+        outs, stuck = None, None
+        try:
+            for _ in range(warmup + iters):
+                outs = self.each(step)
+        except CommunicatorError as exc:
+            outs, stuck = None, str(exc)
+            self.recover()
+        wrong, first = oracle.count_wrong(ir.collective, outs, want) if outs is not None else (0, None)
+        es = ELEMENT_BYTES[dtype]
+        c0 = self.comms[0]
+        per_rank = int(c.sum()) * es // max(N, 1)
+        return RunResult(bytes=per_rank, count=per_rank // es, dtype=dtype, op="sum", inplace=bool(inplace),
+                         wrong=int(wrong), time_us=float("nan"), stuck=stuck, first_wrong=first,
+                         collective=ir.collective, nranks=N, iters=0, collective_wrong=0, nthreads=c0.block,
+                         oracle="alltoallv", outputs=outs if keep_outputs else None,
+                         slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
+                         checks=1 if outs is not None else 0)
 
     def close(self) -> None:
         """Close every rank's communicator (together: a peer that closes first is not a failure).
