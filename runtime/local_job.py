@@ -154,8 +154,7 @@ class LocalJob:
         grid = None
         if one_grid:
             dtype = call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype
-            key = (dtype, op if spec.reduces else "sum")
-            grid = self._grids.get(key) or self._grids.setdefault(key, GridEntry(self.comms, *key))
+            grid = self._grid_entry(dtype, op)
         group = GroupLaunch(self.comms, direct, grid) if together else None
 
         # outputs start as garbage (a NaN, the most negative integer), so an element never written shows up
@@ -203,7 +202,8 @@ class LocalJob:
     def run(self, count: int, *, dtype: str = "float32", op: str = "sum", seed: int = 0,
             together: bool = True, direct: bool = False, one_grid: bool = False, warmup: int = 0,
             iters: int = 1, inplace: bool = False, proto: str | None = None,
-            slice_bytes: int | str = "auto", checks: int = 1, keep_outputs: bool = True) -> RunResult:
+            slice_bytes: int | str = "auto", checks: int = 1, keep_outputs: bool = True,
+            nthreads: int | None = None) -> RunResult:
         """``warmup + iters`` calls at ``count`` elements of full buffer, each on the oracle's
         inputs (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``) into garbage outputs
         (``inplace``: the collective's in-place form, as :meth:`collective` places it), launched as
@@ -216,7 +216,9 @@ class LocalJob:
         ``keep_outputs``). ``proto`` (``"simple"``, ``"ll"``, ``"auto"``; None: the ranks' own)
         and ``slice_bytes`` (``"auto"`` or a fixed micro-batch slice, a positive multiple of 16 of
         at most the slot) hold for these calls only, on every rank alike; ValueError for either
-        before any call."""
+        before any call. So do ``nthreads`` (threads per block; None: each rank's own), refused
+        before any call where a rank's blocks would not all be resident at once
+        (:meth:`check_threads`)."""
         if dtype == "bfloat16":
             raise ValueError("a job's run passes numpy arrays, which hold no bfloat16 (run it through "
                              "torch tensors)")
@@ -230,12 +232,15 @@ class LocalJob:
         # the call's protocol and slice checked before any rank makes it (the ranks plan alike)
         LaunchCall.plan(self.ir, count, ELEMENT_BYTES[dtype], c0.chunk_bytes, proto=proto,
                         slice_bytes=slice_bytes, fit_slot=False)
+        if nthreads is not None:
+            self.check_threads(int(nthreads), dtype, op, one_grid)
         inputs = oracle.make_inputs(self.ir, count, dtype, op, seed)
         device = [oracle.to_device(x, dtype) for x in inputs]
         outs, stuck, times, verdicts = None, None, [], []
-        kept = [(c.proto, c._slice_request) for c in self.comms]
+        kept = [(c.proto, c._slice_request, c.block) for c in self.comms]
         for c in self.comms:
             c.proto, c._slice_request = proto, slice_bytes
+            c.block = c.block if nthreads is None else int(nthreads)
 
         def call():
             return self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid,
@@ -252,8 +257,8 @@ class LocalJob:
             outs, stuck = None, str(exc)
             self.recover()
         finally:
-            for c, (p, sl) in zip(self.comms, kept):
-                c.proto, c._slice_request = p, sl
+            for c, (p, sl, b) in zip(self.comms, kept):
+                c.proto, c._slice_request, c.block = p, sl, b
         wrong = sum(v[0] for v in verdicts)
         first = next((v[1] for v in verdicts if v[1] is not None), None)
         coll_wrong, used = (verdicts[0][2], verdicts[0][3]) if verdicts else (-1, None)
@@ -261,10 +266,33 @@ class LocalJob:
                          wrong=int(wrong), time_us=float(np.mean(times)) if times else float("nan"),
                          stuck=stuck, first_wrong=first, collective=self.ir.collective,
                          nranks=self.nranks, iters=len(times) if together else 0,
-                         collective_wrong=int(coll_wrong), nthreads=c0.block, oracle=used,
-                         outputs=outs if keep_outputs and stuck is None else None,
+                         collective_wrong=int(coll_wrong), nthreads=c0.block if nthreads is None else int(nthreads),
+                         oracle=used, outputs=outs if keep_outputs and stuck is None else None,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
                          checks=len(verdicts))
+
+    def _grid_entry(self, dtype: str, op: str) -> "GridEntry":
+        """The one-grid entry for ``dtype`` / ``op`` (:class:`GridEntry`), built on first use."""
+        key = (dtype, op if SPECS[self.ir.collective].reduces else "sum")
+        return self._grids.get(key) or self._grids.setdefault(key, GridEntry(self.comms, *key))
+
+    def check_threads(self, block: int, dtype: str, op: str, one_grid: bool = False) -> None:
+        """ValueError unless every rank's blocks of ``block`` threads (its kernel for ``dtype`` /
+        ``op``) are all resident at once on its platform: they wait on each other (the one-grid
+        launch: every rank's blocks together, on rank 0's platform)."""
+        if block < 1:
+            raise ValueError("nthreads must be positive")
+        if one_grid:
+            try:
+                self._grid_entry(dtype, op)._check_fit(block)
+            except CommunicatorError as exc:
+                raise ValueError(str(exc)) from None
+            return
+        for c in self.comms:
+            fit = c._pf.max_resident_blocks(c._kernel(dtype, op), block)
+            if c.grid > fit:
+                raise ValueError(f"rank {c.rank}'s kernel needs {c.grid} thread blocks of {block} threads "
+                                 f"resident at once; at most {fit} fit")
 
     def run_v(self, counts, *, sdispls=None, rdispls=None, send_lens=None, recv_lens=None,
               inplace: bool = False, inputs: list | None = None, seed: int = 0, warmup: int = 0,
@@ -575,11 +603,19 @@ class GridEntry:
         # of hm_allreduce_4x8 at 1 MiB on the CPU emulation: 2.6 s against 0.21 s)
         lib = self.pf.build(prog.gendir, prog.manifest, inst, ranks=list(range(len(comms))), single_gpu=True)
         self.fn = self.pf.load(lib).function(sym)
-        self.blocks, self.block = sum(c.grid for c in comms), max(c.block for c in comms)
-        fit = self.pf.max_resident_blocks(self.fn, self.block)
+        self.blocks = sum(c.grid for c in comms)
+        self._check_fit(self.block)
+
+    @property
+    def block(self) -> int:
+        """Threads per block of the launch: the most any rank runs now."""
+        return max(c.block for c in self.comms)
+
+    def _check_fit(self, block: int) -> None:
+        fit = self.pf.max_resident_blocks(self.fn, block)
         if self.blocks > fit:
-            raise CommunicatorError(f"{first.ir.name} as one grid needs {self.blocks} thread blocks of "
-                                    f"{self.block} threads resident at once; at most {fit} fit")
+            raise CommunicatorError(f"{self.comms[0].ir.name} as one grid needs {self.blocks} thread blocks "
+                                    f"of {block} threads resident at once; at most {fit} fit")
 
     def argument(self, packed: list[bytes], staged: list) -> bytes:
         """The entry's argument over every rank's packed ``hccc_args`` (``packed``), copied into
@@ -594,6 +630,7 @@ class GridEntry:
     def launch(self, arg: bytes) -> None:
         """Every rank's blocks in one launch on rank 0's stream."""
         owner = self.comms[0]
+        self._check_fit(self.block)
         self.pf.launch_grid(self.fn, self.blocks, self.block, arg, owner._stream, abort_flag=owner.flags.abort)
 
 

@@ -460,7 +460,7 @@ def test_a_rank_that_fails_before_a_launch_together_is_named_by_every_peer():
        how=st.sampled_from([{}, {"direct": True}, {"one_grid": True}]),
        call=st.fixed_dictionaries({"inplace": st.booleans(), "proto": st.sampled_from(["simple", "ll"]),
                                    "slice_bytes": st.sampled_from(["auto", 16, 48]),
-                                   "checks": st.integers(1, 2)}))
+                                   "checks": st.integers(1, 2), "nthreads": st.sampled_from([None, 1, 3])}))
 def test_a_jobs_run_is_the_runners_run(alg, count, dtype, op, how, call):
     """One call through the job's path (every rank a Communicator, in threads) and through the
     single-process runner, on the same inputs, with the same per-call options (in place,
@@ -477,6 +477,7 @@ def test_a_jobs_run_is_the_runners_run(alg, count, dtype, op, how, call):
         else:
             refused = None
     with LocalJob(ir, timeout_s=30, dtype=dtype, op=op) as job:
+        blocks = [c.block for c in job.comms]
         if refused is not None:
             with pytest.raises(ValueError) as err:
                 job.run(count, dtype=dtype, op=op, seed=count, **call, **how)
@@ -484,12 +485,31 @@ def test_a_jobs_run_is_the_runners_run(alg, count, dtype, op, how, call):
             return
         got = job.run(count, dtype=dtype, op=op, seed=count, warmup=1, iters=2, **call, **how)
         assert all(c.proto == "auto" and c._slice_request == "auto" for c in job.comms)   # (for this run only)
+        assert [c.block for c in job.comms] == blocks
     assert got.ok, (got.stuck, got.first_wrong)
     assert got.iters == 2 and got.time_us > 0 and got.checks == want.checks == call["checks"]
     assert want.ok and want.count == got.count and got.inplace == call["inplace"]
-    assert (got.proto, got.slice_bytes) == (want.proto, want.slice_bytes)
+    assert (got.proto, got.slice_bytes, got.nthreads) == (want.proto, want.slice_bytes, want.nthreads)
     for r, (g, w) in enumerate(zip(got.outputs, want.outputs)):
         assert np.array_equal(g, w, equal_nan=dtype == "float32"), f"rank {r}"
+
+
+@needs_gxx
+@pytest.mark.parametrize("one_grid", [False, True])
+def test_a_run_whose_blocks_cannot_all_be_resident_is_refused_before_any_call(one_grid):
+    """Threads per block asked for one run: where a rank's blocks (or the one grid's) would not all
+    fit at once, the run is refused before any call, naming what is needed and what fits."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        fit = job.comms[0]._pf.max_threads
+        calls = []
+        job.collective = lambda *a, **k: calls.append(a)
+        with pytest.raises(ValueError, match="resident at once; at most 0 fit"):
+            job.run(8, nthreads=fit + 1, one_grid=one_grid)
+        with pytest.raises(ValueError, match="nthreads must be positive"):
+            job.run(8, nthreads=0)
+        assert calls == []
 
 
 @needs_gxx
