@@ -132,7 +132,8 @@ class LocalJob:
         return [x for x, _ in got]
 
     def collective(self, inputs: list, count: int, op: str = "sum", *, together: bool = False,
-                   direct: bool = False, one_grid: bool = False, inplace: bool = False) -> list[np.ndarray]:
+                   direct: bool = False, one_grid: bool = False, inplace: bool = False,
+                   bfloat16: bool = False) -> list[np.ndarray]:
         """One call of the program's collective at ``count`` elements of full buffer (nccl-tests'
         S), ``inputs[r]`` rank ``r``'s array (copied; out of place, into an output of the
         program's layout at that count): every rank's output, in rank order. ``together``: the
@@ -141,7 +142,10 @@ class LocalJob:
         ``one_grid`` as one launch of the one-grid entry (:class:`GridEntry`). ``inplace``: each
         rank's input placed in its output where the program's layout overlays them (or its output
         in its input), the collective's in-place form (ValueError where the program is not proven
-        in place or its buffers do not overlay, :func:`~hccc.runtime.launcher.check_placement`)."""
+        in place or its buffers do not overlay, :func:`~hccc.runtime.launcher.check_placement`).
+        ``bfloat16``: the arrays hold bfloat16 bit patterns (uint16, as the device holds them:
+        :func:`hccc.runtime.oracle.to_device`), handed to the ranks as torch bfloat16 tensors over
+        the same memory (numpy has no bfloat16), the outputs returned as bit patterns too."""
         if len(inputs) != self.nranks:
             raise ValueError(f"expected {self.nranks} input arrays, got {len(inputs)}")
         if (direct or one_grid) and not together:
@@ -151,21 +155,22 @@ class LocalJob:
         if inplace:
             check_placement(self.ir, True, rows)
         kwargs = {"op": op} if spec.reduces else {}
-        grid = None
-        if one_grid:
-            dtype = call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype
-            grid = self._grid_entry(dtype, op)
+        as_kernel = _bfloat16_tensor if bfloat16 else (lambda a: a)
+        dtype = ("bfloat16" if bfloat16 else
+                 call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype)
+        grid = self._grid_entry(dtype, op) if one_grid else None
         group = GroupLaunch(self.comms, direct, grid) if together else None
 
         # outputs start as garbage (a NaN, the most negative integer), so an element never written shows up
-        garbage = oracle.GARBAGE[call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype]
+        garbage = oracle.GARBAGE[dtype]
 
         def step(r, comm):
             x, out = _call_buffers(np.asarray(inputs[r]), rows[r], garbage, inplace)
             if group is None:
-                return np.array(getattr(comm, method)(x, out=out, **kwargs), copy=True)
+                getattr(comm, method)(as_kernel(x), out=as_kernel(out), **kwargs)
+                return np.array(out, copy=True)
             try:
-                group.call(r, method, x, out, op)
+                group.call(r, method, as_kernel(x), as_kernel(out), op)
             except BaseException:
                 group.gate.abort()          # the peers stop waiting for this rank's launch
                 raise
@@ -219,9 +224,6 @@ class LocalJob:
         before any call. So do ``nthreads`` (threads per block; None: each rank's own), refused
         before any call where a rank's blocks would not all be resident at once
         (:meth:`check_threads`)."""
-        if dtype == "bfloat16":
-            raise ValueError("a job's run passes numpy arrays, which hold no bfloat16 (run it through "
-                             "torch tensors)")
         if iters < 1 or warmup < 0 or checks < 1:
             raise ValueError("iters and checks must be >= 1 and warmup >= 0")
         spec = SPECS[self.ir.collective]
@@ -243,8 +245,9 @@ class LocalJob:
             c.block = c.block if nthreads is None else int(nthreads)
 
         def call():
-            return self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid,
-                                   inplace=inplace)
+            outs = self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid,
+                                   inplace=inplace, bfloat16=dtype == "bfloat16")
+            return [oracle.from_device(o, dtype) for o in outs]
         try:
             for it in range(warmup + iters):
                 outs = call()
@@ -632,6 +635,16 @@ class GridEntry:
         owner = self.comms[0]
         self._check_fit(self.block)
         self.pf.launch_grid(self.fn, self.blocks, self.block, arg, owner._stream, abort_flag=owner.flags.abort)
+
+
+def _bfloat16_tensor(bits: np.ndarray):
+    """A torch bfloat16 tensor over the memory of ``bits`` (uint16 bit patterns)."""
+    try:
+        import torch
+    except ImportError:
+        raise ValueError("a bfloat16 run hands the ranks torch tensors (numpy has no bfloat16): "
+                         "torch is not installed") from None
+    return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
 
 
 def _call_buffers(x: np.ndarray, row, garbage, inplace: bool) -> tuple[np.ndarray, np.ndarray]:
