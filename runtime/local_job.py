@@ -89,13 +89,14 @@ class ThreadRank(Communicator):
 
 class LocalJob:
     """The ``ir.nranks`` ranks of ``ir`` (a ProgramIR) as communicators in threads of this
-    process; ``timeout_s`` bounds the set-up and every call as for a Communicator, and every other
+    process; ``timeout_s`` bounds the set-up and every call as for a Communicator, ``watchdog_s``
+    each kernel's run (:attr:`~hccc.runtime.process_rank.ProcessRank.watchdog_s`), and every other
     keyword (``backend``, ``dtype``, ``op``, ``proto``, ``kernel_timeout_s``, ``codegen``,
     ``fifo_bytes``, ...) is given to each rank's :class:`Communicator`. Raises
     :class:`CommunicatorError` naming each rank's failure when a set-up fails; nothing stays
     allocated then."""
 
-    def __init__(self, ir, *, timeout_s: float = 60.0, **communicator_options):
+    def __init__(self, ir, *, timeout_s: float = 60.0, watchdog_s: float | None = None, **communicator_options):
         self.ir, self.nranks = ir, int(ir.nranks)
         #: the element type the ranks' kernels are built for at set-up (others on first use)
         self.dtype = str(communicator_options.get("dtype", "float32"))
@@ -120,6 +121,8 @@ class LocalJob:
         if any(e is not None for e in errors):
             self.close()
             raise _job_error(errors, "setting up")
+        for c in self.comms:
+            c.watchdog_s = watchdog_s
 
     def each(self, step) -> list:
         """``step(rank, communicator)`` on every rank at once, one thread each; the results in rank
@@ -208,7 +211,7 @@ class LocalJob:
             together: bool = True, direct: bool = False, one_grid: bool = False, warmup: int = 0,
             iters: int = 1, inplace: bool = False, proto: str | None = None,
             slice_bytes: int | str = "auto", checks: int = 1, keep_outputs: bool = True,
-            nthreads: int | None = None) -> RunResult:
+            nthreads: int | None = None, timeout_s: float | None = None) -> RunResult:
         """``warmup + iters`` calls at ``count`` elements of full buffer, each on the oracle's
         inputs (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``) into garbage outputs
         (``inplace``: the collective's in-place form, as :meth:`collective` places it), launched as
@@ -223,7 +226,8 @@ class LocalJob:
         at most the slot) hold for these calls only, on every rank alike; ValueError for either
         before any call. So do ``nthreads`` (threads per block; None: each rank's own), refused
         before any call where a rank's blocks would not all be resident at once
-        (:meth:`check_threads`)."""
+        (:meth:`check_threads`), and ``timeout_s`` (the kernels' own spin-wait limit; None: the
+        ranks' ``kernel_timeout_s``)."""
         if iters < 1 or warmup < 0 or checks < 1:
             raise ValueError("iters and checks must be >= 1 and warmup >= 0")
         spec = SPECS[self.ir.collective]
@@ -239,10 +243,11 @@ class LocalJob:
         inputs = oracle.make_inputs(self.ir, count, dtype, op, seed)
         device = [oracle.to_device(x, dtype) for x in inputs]
         outs, stuck, times, verdicts = None, None, [], []
-        kept = [(c.proto, c._slice_request, c.block) for c in self.comms]
+        kept = [(c.proto, c._slice_request, c.block, c.kernel_timeout_s) for c in self.comms]
         for c in self.comms:
             c.proto, c._slice_request = proto, slice_bytes
             c.block = c.block if nthreads is None else int(nthreads)
+            c.kernel_timeout_s = c.kernel_timeout_s if timeout_s is None else float(timeout_s)
 
         def call():
             outs = self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid,
@@ -260,8 +265,8 @@ class LocalJob:
             outs, stuck = None, str(exc)
             self.recover()
         finally:
-            for c, (p, sl, b) in zip(self.comms, kept):
-                c.proto, c._slice_request, c.block = p, sl, b
+            for c, (p, sl, b, t) in zip(self.comms, kept):
+                c.proto, c._slice_request, c.block, c.kernel_timeout_s = p, sl, b, t
         wrong = sum(v[0] for v in verdicts)
         first = next((v[1] for v in verdicts if v[1] is not None), None)
         coll_wrong, used = (verdicts[0][2], verdicts[0][3]) if verdicts else (-1, None)

@@ -86,6 +86,9 @@ class ProcessRank:
         #: whose ranks are threads of this process sets on every rank alike for a call
         #: (:meth:`~hccc.runtime.local_job.LocalJob.run`)
         self._slice_request: int | str = "auto"
+        #: the host's limit on a kernel's run in seconds (its abort flag raised then), or None:
+        #: ``timeout_s + 2 * kernel_timeout_s`` (:func:`~hccc.runtime.kernel_wait.wait_for_kernel`)
+        self.watchdog_s: float | None = None
 
     def _platform(self, backend, device, cache_dir) -> Platform:
         """The Platform object of this rank, its device chosen (:func:`open_rank_platform`)."""
@@ -335,7 +338,8 @@ class ProcessRank:
         got = wait_for_kernel(pf or self._pf, self.flags, self._hosts, self._net, self.ir, call=self._calls,
                               watch=self._watching, timeout_s=self.timeout_s,
                               kernel_timeout_s=self.kernel_timeout_s,
-                              abort_peers=self._owned.abort_peers, method=method, sync=self._sync)
+                              abort_peers=self._owned.abort_peers, method=method, sync=self._sync,
+                              limit_s=self.watchdog_s)
         if got is None:
             return
         why, kernel_running = got

@@ -531,6 +531,25 @@ def test_a_run_whose_blocks_cannot_all_be_resident_is_refused_before_any_call(on
 
 
 @needs_gxx
+def test_a_kernel_past_the_jobs_watchdog_is_aborted_and_a_runs_timeout_is_the_kernels_own():
+    """A deadlock whose kernels would spin for a minute: the host's limit per kernel run
+    (``watchdog_s``) aborts them within it and says so; a run's ``timeout_s`` (the kernels' own
+    spin-wait limit, for that run only) makes them report where they stuck; the job runs again."""
+    from codegen_irs import stuck_ir
+    from hccc.runtime.local_job import LocalJob
+    with LocalJob(stuck_ir(), timeout_s=20, kernel_timeout_s=60, nthreads=2, watchdog_s=0.5) as job:
+        t0 = time.monotonic()
+        res = job.run(16)
+        assert time.monotonic() - t0 < 15 and not res.ok
+        assert "kernel still running after 0.5 s" in res.stuck, res.stuck
+        for c in job.comms:
+            c.watchdog_s = None
+        res = job.run(16, timeout_s=0.3)
+        assert [c.kernel_timeout_s for c in job.comms] == [60, 60]
+        assert re.search(r"rank [01], TB 0 stuck in recv for chunk [01] \(micro-batch 0\)", res.stuck), res.stuck
+
+
+@needs_gxx
 def test_a_jobs_run_counts_what_the_oracle_does_not_expect():
     """A receive that drops a contribution: the job's run reports the wrong elements as the
     runner's does (the reference run of the IR is not the collective)."""
