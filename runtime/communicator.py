@@ -72,7 +72,7 @@ from hccc.runtime.launcher import DTYPES, ELEMENT_BYTES, OPS
 from hccc.runtime.memory_limits import check_fifo_memory, refused_memory
 from hccc.compiler.backend.abi import NSLOTS
 from hccc.compiler.passes.slicing import budget_slot_capacity
-from hccc.runtime.rank_memory import fifo_budget_bytes
+from hccc.runtime.rank_memory import RankMemory, fifo_budget_bytes
 from hccc.runtime.platform import PlatformError
 from hccc.runtime.process_rank import METHODS, CommunicatorError, ProcessRank
 from hccc.util import dtypes as dtypes_table
@@ -263,6 +263,35 @@ class Communicator(ProcessRank):
         for p in self._owned.segments_own:
             pf.ipc_seal(p)
         self._hosts.own.unlink()
+
+    def _refit(self, capacity: int) -> None:
+        """FIFOs of slots of ``capacity`` bytes (as ``chunk_bytes``, at most the compiled one),
+        for ranks that are threads of this process on the CPU emulation, whose memory their peers
+        reach by address: with no kernel running, this rank's control block, FIFOs, orphan FIFOs
+        and connection tables are allocated anew for the plans at that capacity (the old freed,
+        the memory limit checked first), every rank's new blocks exchanged, the tables written and
+        every rank met before any goes on; the plans, the slot size and the calls' plans follow,
+        and the next LL call zeroes the slots. Every rank of the job calls it alike."""
+        if not self._owned.private:
+            raise CommunicatorError(f"rank {self.rank}: FIFOs grow only where every rank is a thread of "
+                                    "this process on the CPU emulation (their memory taken by address)")
+        capacity = min(int(capacity), self.compiled_chunk_bytes)
+        plans = list(self._prog.plans_with_capacity(capacity, self.ir.max_step_chunks))
+        check_fifo_memory(self.ir.name, plans, [self.rank])
+        own, old = self._owned, self._mem
+        for ptr in old.allocations:
+            own.free(ptr)
+        self._mem = mem = RankMemory(plans[self.rank], self._pf, own.exported, own.local,
+                                     lambda n: own.local(n, peer=True))
+        if self.codegen == "table":
+            mem.load_table(self._prog.tables([self.rank])[self.rank])
+        self._refits += 1
+        bases = self._exchange_values((mem.ctrl, mem.slots), f"fifos {self._refits}")
+        mem.connect(plans, lambda peer: bases[peer])
+        self._plans, self.chunk_bytes, self.slot_bytes = plans, capacity, plans[self.rank].slot_bytes
+        self._call_plans.clear()
+        self.ll_epochs.dirty = True
+        self._exchange_values(0, f"fifos {self._refits} connected")
 
     def _check_nodes(self, peers: list[dict], my_node: str) -> None:
         """Ranks that say they share a node run on one host, on one platform kind."""

@@ -45,6 +45,7 @@ from hccc.runtime.direct_peers import peers_blob, peers_usable
 from hccc.runtime.generated import GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
+from hccc.runtime.memory_limits import check_fifo_memory
 from hccc.runtime.kernel_abi import Args
 from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, check_placement, program_layout
 from hccc.runtime.platform import Instance
@@ -278,6 +279,23 @@ class LocalJob:
                          oracle=used, outputs=outs if keep_outputs and stuck is None else None,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
                          checks=len(verdicts))
+
+    @property
+    def fifo_capacity(self) -> int:
+        """The slot capacity the ranks' FIFOs hold now (as ``chunk_bytes``)."""
+        return self.comms[0].chunk_bytes
+
+    def fit_fifos(self, capacity: int) -> None:
+        """Make every rank's FIFOs hold slots of ``capacity`` (at most the compiled ``chunk_bytes``):
+        reallocated larger on every rank together where they hold less
+        (:meth:`~hccc.runtime.communicator.Communicator._refit`: CPU emulation, the ranks' memory
+        taken by address), never shrunk; the memory limit checked first
+        (:class:`~hccc.runtime.memory_limits.FifoMemoryError`, nothing changed)."""
+        capacity = min(int(capacity), self.comms[0].compiled_chunk_bytes)
+        if capacity <= self.fifo_capacity:
+            return
+        check_fifo_memory(self.ir.name, self.comms[0]._prog.plans_with_capacity(capacity, self.ir.max_step_chunks))
+        self.each(lambda r, comm: comm._refit(capacity))
 
     def _grid_entry(self, dtype: str, op: str) -> "GridEntry":
         """The one-grid entry for ``dtype`` / ``op`` (:class:`GridEntry`), built on first use."""

@@ -119,6 +119,8 @@ class ProcessRank:
             next_call=lambda: self._calls + 1, remote=lambda: bool(self._net is not None and self._net.remote),
             error=CommunicatorError)
         self._calls = self._seq = 0
+        #: the FIFOs' reallocations so far (:meth:`_refit`)
+        self._refits = 0
         #: LL flag epochs of this rank's FIFOs: every rank derives the same from the same calls
         #: (compared per call), so the slots are zeroed only at the first LL call, after Simple
         #: calls and when the epochs wrap (:mod:`hccc.runtime.ll_epoch`)

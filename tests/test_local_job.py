@@ -550,6 +550,37 @@ def test_a_kernel_past_the_jobs_watchdog_is_aborted_and_a_runs_timeout_is_the_ke
 
 
 @needs_gxx
+@pytest.mark.parametrize("codegen", ["specialized", "table"])
+def test_a_jobs_fifos_grow_on_every_rank_and_its_calls_go_on(codegen):
+    """FIFOs made small (a per-connection budget of 32-byte slots) and grown for larger
+    slots: every rank's FIFOs and connection tables are new, each rank's tables point into its
+    peers' new FIFOs, calls before and after (Simple and LL, which zeroes the new slots) are the
+    collective's definition; growth never shrinks and stops at the compiled slot."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=1024)
+    x = [np.arange(300, dtype=np.float32) * (r + 1) for r in range(3)]
+    want = sum(x)
+    with LocalJob(ir, timeout_s=30, fifo_bytes=256, codegen=codegen) as job:
+        small = job.fifo_capacity
+        assert small < 1024
+        assert all(np.array_equal(g, want) for g in job.collective(x, 300))
+        before = [(c._mem.ctrl, c._mem.slots) for c in job.comms]
+        job.fit_fifos(small)                      # (already so: nothing happens)
+        assert [(c._mem.ctrl, c._mem.slots) for c in job.comms] == before
+        job.fit_fifos(10 ** 6)                    # (the compiled slot at most)
+        assert job.fifo_capacity == 1024 and all(c.chunk_bytes == 1024 for c in job.comms)
+        for c in job.comms:
+            for j, (peer, ch) in enumerate(c._plans[c.rank].send_conns):
+                k = job.comms[peer]._plans[peer].recv_index(c.rank, ch)
+                if k is not None:   # a send's FIFO is the receiver's new one
+                    assert c._mem.send_conns[j][0] == job.comms[peer]._mem.slots + k * c._plans[peer].fifo_bytes
+        for proto in ("simple", "ll", "simple"):
+            res = job.run(300, proto=proto)
+            assert res.ok and res.proto == proto, (res.stuck, res.first_wrong)
+        assert all(np.array_equal(g, want) for g in job.collective(x, 300, together=True))
+
+
+@needs_gxx
 def test_a_jobs_run_counts_what_the_oracle_does_not_expect():
     """A receive that drops a contribution: the job's run reports the wrong elements as the
     runner's does (the reference run of the IR is not the collective)."""
