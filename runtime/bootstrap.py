@@ -205,14 +205,17 @@ class LocalRendezvous:
             if got[rank] is not None or rank in read:
                 raise BootstrapError(f"rank {rank} took part in step '{tag}' twice (communicator set-up)")
             got[rank] = value
-            self._cond.notify_all()
+            if all(d is not None for d in got):
+                # only the rank that completes the step wakes the others (one wake-up per waiter,
+                # not one per waiter and arrival)
+                self._cond.notify_all()
             while True:
                 if self.failed is not None:
                     raise BootstrapError(f"the set-up failed on {self.failed} (communicator set-up, "
                                          f"step '{tag}')")
-                missing = [r for r, d in enumerate(got) if d is None]
-                if not missing:
+                if all(d is not None for d in got):
                     break
+                missing = [r for r, d in enumerate(got) if d is None]
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise BootstrapError(
