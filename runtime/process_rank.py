@@ -49,6 +49,14 @@ class ProcessRank:
     (``timeout_s``) and the kernel's own spin-wait limit (``kernel_timeout_s``); nothing is
     allocated until the set-up calls :meth:`_allocate`."""
 
+    #: the micro-batch slice of the calls: ``"auto"`` (the slice model), or bytes that a job whose
+    #: ranks are threads of this process sets on every rank alike for a call
+    #: (:meth:`~hccc.runtime.local_job.LocalJob.run`)
+    _slice_request: int | str = "auto"
+    #: the host's limit on a kernel's run in seconds (its abort flag raised then), or None:
+    #: ``timeout_s + 2 * kernel_timeout_s`` (:func:`~hccc.runtime.kernel_wait.wait_for_kernel`)
+    watchdog_s: float | None = None
+
     def __init__(self, proto: str, timeout_s: float, kernel_timeout_s: float):
         self.proto = proto                # ValueError for anything but auto / simple / ll
         #: the FIFO protocol the last call ran ("simple" or "ll"; None before the first call)
@@ -82,13 +90,6 @@ class ProcessRank:
         #: a callable the waits poll (host barriers, the kernel's run): a reason to give up (a peer
         #: that is making another call elsewhere), or None
         self.watch = None
-        #: the micro-batch slice of the calls: ``"auto"`` (the slice model), or bytes that a job
-        #: whose ranks are threads of this process sets on every rank alike for a call
-        #: (:meth:`~hccc.runtime.local_job.LocalJob.run`)
-        self._slice_request: int | str = "auto"
-        #: the host's limit on a kernel's run in seconds (its abort flag raised then), or None:
-        #: ``timeout_s + 2 * kernel_timeout_s`` (:func:`~hccc.runtime.kernel_wait.wait_for_kernel`)
-        self.watchdog_s: float | None = None
 
     def _platform(self, backend, device, cache_dir) -> Platform:
         """The Platform object of this rank, its device chosen (:func:`open_rank_platform`)."""
