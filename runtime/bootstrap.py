@@ -74,7 +74,7 @@ class Bootstrap:
         """Every rank's ``value`` (a JSON value: dicts, lists, strings, numbers), in rank order,
         sent as JSON text through :meth:`all_gather`; a bootstrap of ranks in this process
         (:class:`LocalBootstrap`) hands the values over as they are."""
-        return [json.loads(b) for b in self.all_gather(json.dumps(value, sort_keys=True).encode(), tag)]
+        return json_exchange(self, value, tag)
 
     def barrier(self, tag: str) -> None:
         self.all_gather(b"", tag)
@@ -86,6 +86,19 @@ class Bootstrap:
 
     def close(self) -> None:
         """Release what the bootstrap holds."""
+
+
+def json_exchange(boot, value, tag: str) -> list:
+    """:meth:`Bootstrap.exchange` as JSON text through ``boot.all_gather``: what a bootstrap
+    that only moves bytes (any object with ``all_gather(bytes, tag)``) exchanges."""
+    return [json.loads(b) for b in boot.all_gather(json.dumps(value, sort_keys=True).encode(), tag)]
+
+
+def exchange(boot, value, tag: str) -> list:
+    """Every rank's ``value`` through ``boot``: its own :meth:`~Bootstrap.exchange`, or JSON text
+    through its ``all_gather`` where it has none (a caller's object that only moves bytes)."""
+    own = getattr(boot, "exchange", None)
+    return own(value, tag) if own is not None else json_exchange(boot, value, tag)
 
 
 class StoreBootstrap(Bootstrap):
@@ -325,5 +338,5 @@ def make_bootstrap(rank: int | None, world_size: int | None, *, group=None, stor
     return b
 
 
-__all__ = ["Bootstrap", "BootstrapError", "StoreBootstrap", "GroupBootstrap", "LocalBootstrap",
+__all__ = ["Bootstrap", "BootstrapError", "exchange", "json_exchange", "StoreBootstrap", "GroupBootstrap", "LocalBootstrap",
            "LocalRendezvous", "local_bootstraps", "make_bootstrap", "store_from_url"]

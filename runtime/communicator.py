@@ -65,7 +65,7 @@ from hccc.compiler.frontend.collectives import SPECS, CollectiveSpec
 from hccc.compiler.ir.extents import count_unit
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime import shm
-from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
+from hccc.runtime.bootstrap import Bootstrap, BootstrapError, exchange, make_bootstrap
 from hccc.runtime.call_buffers import CallError, call_arrays, device_kind, full_count, route, sync_caller
 from hccc.runtime.generated import GeneratedProgram, check_codegen
 from hccc.runtime.launcher import DTYPES, ELEMENT_BYTES, OPS
@@ -363,7 +363,7 @@ class Communicator(ProcessRank):
         """Every rank's ``value``, in rank order (:meth:`Bootstrap.exchange`: JSON text between
         processes, the objects themselves between the threads of one)."""
         try:
-            return self._boot.exchange(value, tag)
+            return exchange(self._boot, value, tag)
         except BootstrapError as exc:
             raise CommunicatorError(f"rank {self.rank}: {exc}") from None
 

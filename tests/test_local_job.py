@@ -93,6 +93,42 @@ def test_an_exchange_gives_every_ranks_value_as_json_between_processes_and_as_it
     assert all(got == values for got in text)
 
 
+@needs_gxx
+def test_a_bootstrap_that_only_moves_bytes_sets_a_job_up(no_leaks):
+    """A caller's bootstrap object without ``exchange`` (rank, world_size, all_gather of bytes):
+    the set-up's values travel as JSON text through its all_gather, the ranks map each other's
+    shared memory as separate processes do, and a call runs."""
+    from hccc.runtime.bootstrap import exchange
+    from hccc.runtime.communicator import Communicator
+
+    class Bytes:
+        def __init__(self, inner):
+            self.inner, self.rank, self.world_size = inner, inner.rank, inner.world_size
+
+        def all_gather(self, data, tag):
+            return self.inner.all_gather(data, tag)
+
+        def fail(self, reason):
+            self.inner.fail(reason)
+
+        def close(self):
+            pass
+
+    boots = local_bootstraps(2, timeout_s=20)
+    assert _threads(2, lambda r: exchange(Bytes(boots[r]), {"r": [r]}, "t")) == [[{"r": [0]}, {"r": [1]}]] * 2
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    comms = _threads(2, lambda r: Communicator(ir, bootstrap=Bytes(boots[r]), timeout_s=20))
+    try:
+        assert all(isinstance(c, Communicator) for c in comms), comms
+        assert all(c._owned.imported for c in comms)        # mapped by handle, not taken by address
+        got = _threads(2, lambda r: comms[r].all_reduce(np.full(8, r + 1, np.float32)))
+        assert all(np.array_equal(g, np.full(8, 3, np.float32)) for g in got), got
+    finally:
+        for c in comms:
+            if isinstance(c, Communicator):
+                c.close()
+
+
 def test_a_rank_that_never_arrives_is_named():
     boots = local_bootstraps(3, timeout_s=0.3)
     got = _threads(2, lambda r: boots[r].all_gather(b"x", "handles"))
