@@ -47,17 +47,19 @@ def program_digest(ir) -> str:
 
 
 def program_terms(ir, manifest: dict, platforms, codegen: str, dtype: str, op: str,
-                  fifo_slot_bytes: int | None = None) -> dict:
+                  fifo_slot_bytes: int | None = None, digest: str | None = None) -> dict:
     """The terms (:data:`TERMS`) of one rank: the program and what the manifest of its generated
     kernels says about memory (channels, slot size and count) and protocol (ABI version), and the
     slot the rank's FIFOs are allocated with (``fifo_slot_bytes``: the compiled slot cut to the
-    per-connection budget, ``HCCC_FIFO_BYTES``; default the manifest's ``slot_bytes``)."""
+    per-connection budget, ``HCCC_FIFO_BYTES``; default the manifest's ``slot_bytes``).
+    ``digest``: ``ir``'s :func:`program_digest` where the caller has it already."""
     slot = int(manifest.get("slot_bytes", manifest["chunk_bytes"]))
     return {"fifo_slot_bytes": slot if fifo_slot_bytes is None else int(fifo_slot_bytes),"ranks": int(ir.nranks), "codegen": codegen, "abi": manifest.get("abi_version"),
             "channels": int(manifest.get("nchannels", 1)), "chunk_bytes": int(manifest["chunk_bytes"]),
             "slot_bytes": int(manifest.get("slot_bytes", manifest["chunk_bytes"])),
             "slots": int(manifest.get("nslots", 0)), "platforms": ",".join(platforms),
-            "dtype": dtype, "op": op, "collective": ir.collective, "program": program_digest(ir)}
+            "dtype": dtype, "op": op, "collective": ir.collective,
+            "program": program_digest(ir) if digest is None else digest}
 
 
 def _shown(term: str, value) -> str:
@@ -71,6 +73,8 @@ def first_difference(terms: list[dict]) -> str | None:
     """None when every rank's terms are equal, else a sentence naming the first term (in
     :data:`TERMS` order) on which two ranks differ: the lowest rank that differs from rank 0."""
     base = terms[0]
+    if all(t == base for t in terms[1:]):        # (the usual case, at the cost of one comparison a rank)
+        return None
     for term in TERMS:
         for r, t in enumerate(terms[1:], start=1):
             if t.get(term) != base.get(term):

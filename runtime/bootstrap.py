@@ -20,10 +20,13 @@ named in the error (:class:`BootstrapError`), never waited for forever.
 
 The ranks of a job may also be threads of one process: :func:`local_bootstraps` gives each its
 :class:`LocalBootstrap`, all meeting at one :class:`LocalRendezvous` in memory (no torch needed),
-with the same errors (a missing rank named at the timeout, a failed rank's reason at once).
+with the same errors (a missing rank named at the timeout, a failed rank's reason at once). What
+a communicator's set-up exchanges (:meth:`Bootstrap.exchange`: its program's terms, its handles)
+travels as JSON text between processes and as the objects themselves between the threads of one.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -67,6 +70,12 @@ class Bootstrap:
         """Every rank's ``data`` (in rank order); ``tag`` names the exchange (unique per call)."""
         raise NotImplementedError
 
+    def exchange(self, value, tag: str) -> list:
+        """Every rank's ``value`` (a JSON value: dicts, lists, strings, numbers), in rank order,
+        sent as JSON text through :meth:`all_gather`; a bootstrap of ranks in this process
+        (:class:`LocalBootstrap`) hands the values over as they are."""
+        return json_exchange(self, value, tag)
+
     def barrier(self, tag: str) -> None:
         self.all_gather(b"", tag)
 
@@ -77,6 +86,19 @@ class Bootstrap:
 
     def close(self) -> None:
         """Release what the bootstrap holds."""
+
+
+def json_exchange(boot, value, tag: str) -> list:
+    """:meth:`Bootstrap.exchange` as JSON text through ``boot.all_gather``: what a bootstrap
+    that only moves bytes (any object with ``all_gather(bytes, tag)``) exchanges."""
+    return [json.loads(b) for b in boot.all_gather(json.dumps(value, sort_keys=True).encode(), tag)]
+
+
+def exchange(boot, value, tag: str) -> list:
+    """Every rank's ``value`` through ``boot``: its own :meth:`~Bootstrap.exchange`, or JSON text
+    through its ``all_gather`` where it has none (a caller's object that only moves bytes)."""
+    own = getattr(boot, "exchange", None)
+    return own(value, tag) if own is not None else json_exchange(boot, value, tag)
 
 
 class StoreBootstrap(Bootstrap):
@@ -183,20 +205,30 @@ class LocalRendezvous:
     def all_gather(self, rank: int, data: bytes, tag: str) -> list[bytes]:
         """Rank ``rank``'s ``data`` for step ``tag``; every rank's, in rank order, once all gave
         theirs (the step is forgotten when the last rank has read it)."""
+        return self.gather(rank, bytes(data), tag)
+
+    def gather(self, rank: int, value, tag: str) -> list:
+        """:meth:`all_gather` of any object but None (the object itself, not a copy: the ranks
+        share what they exchange and must only read it)."""
+        if value is None:
+            raise BootstrapError(f"rank {rank} gave nothing at step '{tag}' (communicator set-up)")
         deadline = time.monotonic() + self.timeout_s
         with self._cond:
             got, read = self._steps.setdefault(tag, ([None] * self.world_size, set()))
             if got[rank] is not None or rank in read:
                 raise BootstrapError(f"rank {rank} took part in step '{tag}' twice (communicator set-up)")
-            got[rank] = bytes(data)
-            self._cond.notify_all()
+            got[rank] = value
+            if all(d is not None for d in got):
+                # only the rank that completes the step wakes the others (one wake-up per waiter,
+                # not one per waiter and arrival)
+                self._cond.notify_all()
             while True:
                 if self.failed is not None:
                     raise BootstrapError(f"the set-up failed on {self.failed} (communicator set-up, "
                                          f"step '{tag}')")
-                missing = [r for r, d in enumerate(got) if d is None]
-                if not missing:
+                if all(d is not None for d in got):
                     break
+                missing = [r for r, d in enumerate(got) if d is None]
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise BootstrapError(
@@ -231,6 +263,12 @@ class LocalBootstrap(Bootstrap):
 
     def all_gather(self, data: bytes, tag: str) -> list[bytes]:
         return self.rendezvous.all_gather(self.rank, data, tag)
+
+    def exchange(self, value, tag: str) -> list:
+        """Every rank's ``value`` as it was given (no JSON text: the ranks share one process), in
+        rank order; besides JSON values, objects of this process (a peer's in-process host
+        segment, :func:`hccc.runtime.shm.private`)."""
+        return self.rendezvous.gather(self.rank, value, tag)
 
     def fail(self, reason: str) -> None:
         self.rendezvous.fail(self.rank, reason)
@@ -300,5 +338,5 @@ def make_bootstrap(rank: int | None, world_size: int | None, *, group=None, stor
     return b
 
 
-__all__ = ["Bootstrap", "BootstrapError", "StoreBootstrap", "GroupBootstrap", "LocalBootstrap",
+__all__ = ["Bootstrap", "BootstrapError", "exchange", "json_exchange", "StoreBootstrap", "GroupBootstrap", "LocalBootstrap",
            "LocalRendezvous", "local_bootstraps", "make_bootstrap", "store_from_url"]

@@ -57,7 +57,6 @@ the remote host segments, so barriers and failure reports work the same across n
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import socket
 from pathlib import Path
@@ -66,14 +65,14 @@ from hccc.compiler.frontend.collectives import SPECS, CollectiveSpec
 from hccc.compiler.ir.extents import count_unit
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime import shm
-from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
+from hccc.runtime.bootstrap import Bootstrap, BootstrapError, exchange, make_bootstrap
 from hccc.runtime.call_buffers import CallError, call_arrays, device_kind, full_count, route, sync_caller
 from hccc.runtime.generated import GeneratedProgram, check_codegen
 from hccc.runtime.launcher import DTYPES, ELEMENT_BYTES, OPS
 from hccc.runtime.memory_limits import check_fifo_memory, refused_memory
 from hccc.compiler.backend.abi import NSLOTS
 from hccc.compiler.passes.slicing import budget_slot_capacity
-from hccc.runtime.rank_memory import fifo_budget_bytes
+from hccc.runtime.rank_memory import RankMemory, fifo_budget_bytes
 from hccc.runtime.platform import PlatformError
 from hccc.runtime.process_rank import METHODS, CommunicatorError, ProcessRank
 from hccc.util import dtypes as dtypes_table
@@ -177,12 +176,14 @@ class Communicator(ProcessRank):
             raise CommunicatorError(str(exc)) from None
         self.rank, self.world_size = int(self._boot.rank), int(self._boot.world_size)
         self._wake = getattr(self._boot, "wake", None)
+        self._in_process = bool(getattr(self._boot, "same_process", False))
         if self.world_size != ir.nranks:
             raise CommunicatorError(f"{ir.name} is an algorithm for {ir.nranks} ranks; this job has "
                                     f"{self.world_size}")
         if not 0 <= self.rank < self.world_size:
             raise CommunicatorError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
-        shm.reap_stale()
+        if not self._in_process:     # (ranks in this process name no segments; their job reaps once)
+            shm.reap_stale()
         self.rank_platform = plats or ["hip" if backend == "hip" else "cuda"] * ir.nranks
         pf = self._pf = self._platform(backend, device, cache_dir)
         # this rank's kernel
@@ -196,7 +197,7 @@ class Communicator(ProcessRank):
         self.compiled_chunk_bytes = prog.chunk_bytes
         self.chunk_bytes = budget_slot_capacity(ir, prog.chunk_bytes, self.fifo_bytes, NSLOTS)
         step_chunks = ir.max_step_chunks      # (computed from the primitives: once, not per plan)
-        self._plans = [p.with_capacity(self.chunk_bytes, step_chunks) for p in prog.plans]
+        self._plans = list(prog.plans_with_capacity(self.chunk_bytes, step_chunks))
         self.slot_bytes = self._plans[self.rank].slot_bytes
         self._agree(prog.manifest, self.rank_platform, codegen, dtype, op)
         self.grid = prog.blocks(self.rank)
@@ -224,14 +225,19 @@ class Communicator(ProcessRank):
         except ValueError as exc:
             raise CommunicatorError(f"rank {self.rank}: {exc}") from None
         me = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "node": my_node,
-              "platform": pf.name, "ctrl": pf.ipc_export(mem.ctrl).hex(),
-              "slots": pf.ipc_export(mem.slots).hex(),
-              "flags": pf.ipc_export(self._owned.flags_ptr).hex() if self._owned.flags_ptr is not None else "",
-              "hostseg": self._hosts.own.handle.hex(),
-              # ranks that are threads of one process reach each other's memory as it is
-              "ptrs": ([mem.ctrl, mem.slots, self._owned.flags_ptr or 0]
-                       if getattr(self._boot, "same_process", False) else None)}
-        peers = [json.loads(b) for b in self._all_gather(json.dumps(me).encode(), "handles")]
+              "platform": pf.name}
+        if self._in_process:
+            # ranks that are threads of one process reach each other's memory as it is: its
+            # pointers, and the host segment as an object (the bootstrap hands objects over)
+            me.update(ptrs=[mem.ctrl, mem.slots, self._owned.flags_ptr or 0], hostseg=self._hosts.own)
+            if not self._owned.private:      # (GPUs of one process: IPC memory, by pointer)
+                me.update(ctrl="", slots="", flags="")
+        else:
+            me.update(ctrl=pf.ipc_export(mem.ctrl).hex(), slots=pf.ipc_export(mem.slots).hex(),
+                      flags=(pf.ipc_export(self._owned.flags_ptr).hex()
+                             if self._owned.flags_ptr is not None else ""),
+                      hostseg=self._hosts.own.handle.hex(), ptrs=None)
+        peers = self._exchange_values(me, "handles")
         self.nodes = nodes = [p["node"] for p in peers]
         self._check_nodes(peers, my_node)
         if len(set(nodes)) > 1:
@@ -257,6 +263,35 @@ class Communicator(ProcessRank):
         for p in self._owned.segments_own:
             pf.ipc_seal(p)
         self._hosts.own.unlink()
+
+    def _refit(self, capacity: int) -> None:
+        """FIFOs of slots of ``capacity`` bytes (as ``chunk_bytes``, at most the compiled one),
+        for ranks that are threads of this process on the CPU emulation, whose memory their peers
+        reach by address: with no kernel running, this rank's control block, FIFOs, orphan FIFOs
+        and connection tables are allocated anew for the plans at that capacity (the old freed,
+        the memory limit checked first), every rank's new blocks exchanged, the tables written and
+        every rank met before any goes on; the plans, the slot size and the calls' plans follow,
+        and the next LL call zeroes the slots. Every rank of the job calls it alike."""
+        if not self._owned.private:
+            raise CommunicatorError(f"rank {self.rank}: FIFOs grow only where every rank is a thread of "
+                                    "this process on the CPU emulation (their memory taken by address)")
+        capacity = min(int(capacity), self.compiled_chunk_bytes)
+        plans = list(self._prog.plans_with_capacity(capacity, self.ir.max_step_chunks))
+        check_fifo_memory(self.ir.name, plans, [self.rank])
+        own, old = self._owned, self._mem
+        for ptr in old.allocations:
+            own.free(ptr)
+        self._mem = mem = RankMemory(plans[self.rank], self._pf, own.exported, own.local,
+                                     lambda n: own.local(n, peer=True))
+        if self.codegen == "table":
+            mem.load_table(self._prog.tables([self.rank])[self.rank])
+        self._refits += 1
+        bases = self._exchange_values((mem.ctrl, mem.slots), f"fifos {self._refits}")
+        mem.connect(plans, lambda peer: bases[peer])
+        self._plans, self.chunk_bytes, self.slot_bytes = plans, capacity, plans[self.rank].slot_bytes
+        self._call_plans.clear()
+        self.ll_epochs.dirty = True
+        self._exchange_values(0, f"fifos {self._refits} connected")
 
     def _check_nodes(self, peers: list[dict], my_node: str) -> None:
         """Ranks that say they share a node run on one host, on one platform kind."""
@@ -287,6 +322,12 @@ class Communicator(ProcessRank):
                 return int(p["ptrs"][("ctrl", "slots", "flags").index(key)])
             return self._owned.import_segment(bytes.fromhex(p[key]))
 
+        def host_segment(r: int, p: dict) -> None:
+            if self._in_process:
+                self._hosts.attach(r, segment=p["hostseg"])
+            else:
+                self._hosts.attach(r, bytes.fromhex(p["hostseg"]))
+
         try:
             for r, p in enumerate(peers):
                 if r == self.rank:
@@ -298,7 +339,7 @@ class Communicator(ProcessRank):
                     bases[r] = (imported(p, "ctrl"), imported(p, "slots"))
                 if self._owned.shared_flags:
                     self._owned.peer_flags[r] = imported(p, "flags")
-                self._hosts.attach(r, bytes.fromhex(p["hostseg"]))
+                host_segment(r, p)
         except (PlatformError, shm.ShmError) as exc:
             raise CommunicatorError(f"rank {self.rank}: cannot map a peer's memory: {exc}") from None
         return bases
@@ -312,11 +353,19 @@ class Communicator(ProcessRank):
         """Before anything is mapped: every rank runs the same program with the same memory
         layout and protocol (:mod:`hccc.runtime.agreement`), else every rank raises."""
         from hccc.runtime.agreement import first_difference, program_terms
-        mine = program_terms(self.ir, man, plats, codegen, dtype, op, fifo_slot_bytes=self.slot_bytes)
-        gathered = self._all_gather(json.dumps(mine, sort_keys=True).encode(), "program")
-        why = first_difference([json.loads(b) for b in gathered])
+        mine = program_terms(self.ir, man, plats, codegen, dtype, op, fifo_slot_bytes=self.slot_bytes,
+                             digest=self._prog.digest)
+        why = first_difference(self._exchange_values(mine, "program"))
         if why:
             raise CommunicatorError(f"rank {self.rank}: {why}")
+
+    def _exchange_values(self, value, tag: str) -> list:
+        """Every rank's ``value``, in rank order (:meth:`Bootstrap.exchange`: JSON text between
+        processes, the objects themselves between the threads of one)."""
+        try:
+            return exchange(self._boot, value, tag)
+        except BootstrapError as exc:
+            raise CommunicatorError(f"rank {self.rank}: {exc}") from None
 
     def _all_gather(self, data: bytes, tag: str) -> list[bytes]:
         try:

@@ -93,6 +93,28 @@ class GeneratedProgram:
         self.chunk_bytes = int(man["chunk_bytes"])
         self.slot_bytes = int(man.get("slot_bytes", self.chunk_bytes))
         self.plans = [RankPlan.from_manifest(man, r) for r in range(self.nranks)]
+        #: (slot capacity, chunks a message carries) -> every rank's plan with those slots, and
+        #: the program's digest (:func:`~hccc.runtime.agreement.program_digest`): made once for
+        #: every rank that reads this program (the ranks of a job in one process share it)
+        self._capacity_plans: dict = {}
+        self._digest: str | None = None
+
+    def plans_with_capacity(self, capacity: int, max_step_chunks: int) -> list[RankPlan]:
+        """Every rank's plan with slots of ``capacity`` (:meth:`RankPlan.with_capacity`), made
+        once per capacity (read-only: the plans are frozen)."""
+        key = (int(capacity), int(max_step_chunks))
+        got = self._capacity_plans.get(key)
+        if got is None:
+            got = self._capacity_plans[key] = [p.with_capacity(*key) for p in self.plans]
+        return got
+
+    @property
+    def digest(self) -> str:
+        """The program's digest (:func:`~hccc.runtime.agreement.program_digest`), computed once."""
+        if self._digest is None:
+            from hccc.runtime.agreement import program_digest
+            self._digest = program_digest(self.ir)
+        return self._digest
 
     @property
     def table_mode(self) -> bool:

@@ -95,13 +95,16 @@ class HostSegments:
     or None) for telling whether a peer is alive. ``timeout_s``: how long a barrier waits.
     ``wake``: the condition every rank of a job whose ranks are threads of this process shares
     (:attr:`hccc.runtime.bootstrap.Bootstrap.wake`), or None: a rank that reaches a barrier
-    notifies it, and a waiting rank sleeps on it instead of polling."""
+    notifies it, and a waiting rank sleeps on it instead of polling. ``in_process``: every peer
+    is a thread of this process, and this rank's segment is this process's memory
+    (:func:`hccc.runtime.shm.private`), which they take as an object (:meth:`attach`), not POSIX
+    shared memory they map by name."""
 
-    def __init__(self, rank: int, nranks: int, timeout_s: float, wake=None):
+    def __init__(self, rank: int, nranks: int, timeout_s: float, wake=None, in_process: bool = False):
         self.rank, self.nranks, self.timeout_s = int(rank), int(nranks), float(timeout_s)
         self.wake = wake
         self._pid = os.getpid()
-        self.own = shm.create(host_segment_bytes(nranks))
+        self.own = (shm.private if in_process else shm.create)(host_segment_bytes(nranks))
         self.mine = words(self.own)
         self.mine[_H_PID] = os.getpid()
         self.mine[_H_MAGIC] = _MAGIC
@@ -115,8 +118,14 @@ class HostSegments:
         """Every rank's process id and node (from the bootstrap's exchange)."""
         self.pids, self.nodes = [int(p) for p in pids], list(nodes)
 
-    def attach(self, rank: int, handle: bytes | None = None, mirror=None) -> None:
-        """Map peer ``rank``'s segment from its ``handle``, or take the network's ``mirror`` of it."""
+    def attach(self, rank: int, handle: bytes | None = None, mirror=None, segment=None) -> None:
+        """Map peer ``rank``'s segment from its ``handle``, or take the network's ``mirror`` of it,
+        or the ``segment`` itself (a peer in this process: :func:`hccc.runtime.shm.private`)."""
+        if segment is not None:
+            if not isinstance(segment, shm.PrivateSegment):
+                raise shm.ShmError(f"rank {rank}'s host segment is not memory of this process")
+            self.peers[rank] = segment
+            return
         self.peers[rank] = mirror if mirror is not None else shm.attach(handle)
 
     # ------------------------------------------------------------------ health

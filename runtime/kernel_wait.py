@@ -18,15 +18,18 @@ REASON_WAIT_S = 1.0
 
 
 def wait_for_kernel(pf, flags, hosts, net, ir, *, call: int, watch, timeout_s: float,
-                    kernel_timeout_s: float, abort_peers, method: str, sync=None):
+                    kernel_timeout_s: float, abort_peers, method: str, sync=None,
+                    limit_s: float | None = None):
     """Wait for the kernel of call number ``call`` on ``pf`` (``flags``: its
     :class:`~hccc.runtime.rank_memory.LaunchFlags`; ``hosts``: the
     :class:`~hccc.runtime.host_segment.HostSegments`; ``net``: the network proxy or None;
     ``watch``: the caller's extra reason to give up, or None; ``abort_peers()`` raises the peers'
     mapped abort flags; ``sync``: the :class:`~hccc.runtime.rank_memory.BackgroundSync` to wait
-    through, or None for a thread of this wait's own). Returns None when the call finished, else (why it failed, whether the
+    through, or None for a thread of this wait's own; ``limit_s``: the host's limit on the
+    kernel's run, after which its abort flag is raised, default ``timeout_s + 2 *
+    kernel_timeout_s``). Returns None when the call finished, else (why it failed, whether the
     kernel still runs because it ignores the abort flag)."""
-    limit = timeout_s + 2 * kernel_timeout_s
+    limit = timeout_s + 2 * kernel_timeout_s if limit_s is None else float(limit_s)
     grace = max(ABORT_GRACE_S, kernel_timeout_s)
     w = watched_wait([pf], flags, limit, grace, name="hccc-comm-wait",
                      problem=lambda: hosts.peer_problem(call, watch), on_problem=abort_peers, poll_s=WATCH_S,

@@ -275,17 +275,7 @@ class Runner(RankGroup):
 
     def _check_placement(self, inplace: bool, lay) -> None:
         """ValueError for a placement the program is not proven for or its buffers cannot take."""
-        ir = self.ir
-        if bool(inplace) not in ir.placements:
-            raise ValueError(f"{ir.name} is proven {'out of place' if inplace else 'in place'} only (its MSCCL "
-                             f"XML declares inplace=\"{int(True in ir.placements)}\" outofplace="
-                             f"\"{int(False in ir.placements)}\"): it cannot run "
-                             f"{'in place' if inplace else 'out of place'}")
-        if inplace:
-            bad = [r for r, row in enumerate(lay) if row[3] < 0 and row[4] < 0]
-            if bad:
-                raise ValueError(f"in-place is not defined for this program's buffers (rank {bad[0]}: "
-                                 "input and output do not overlay)")
+        check_placement(self.ir, inplace, lay)
 
     def _inputs(self, inputs, lay, count: int, seed: int) -> list[np.ndarray]:
         """Every rank's input: the caller's, checked against the layout, or small integers exact
@@ -385,6 +375,21 @@ class Runner(RankGroup):
                                 outputs=outs if keep_outputs else None)
 
 
+def check_placement(ir: ProgramIR, inplace: bool, lay) -> None:
+    """ValueError for a placement ``ir`` is not proven for or its buffers (``lay``: the layout rows
+    of :func:`program_layout`) cannot take."""
+    if bool(inplace) not in ir.placements:
+        raise ValueError(f"{ir.name} is proven {'out of place' if inplace else 'in place'} only (its MSCCL "
+                         f"XML declares inplace=\"{int(True in ir.placements)}\" outofplace="
+                         f"\"{int(False in ir.placements)}\"): it cannot run "
+                         f"{'in place' if inplace else 'out of place'}")
+    if inplace:
+        bad = [r for r, row in enumerate(lay) if row[3] < 0 and row[4] < 0]
+        if bad:
+            raise ValueError(f"in-place is not defined for this program's buffers (rank {bad[0]}: "
+                             "input and output do not overlay)")
+
+
 def run_program(ir: ProgramIR, *, backend: str | Platform = "cpu", nbytes: int, dtype: str = "float32",
                 op: str = "sum", inplace: bool = False, iters: int = 1, warmup: int = 0,
                 timeout_s: float = 10.0, seed: int = 0, nthreads: int | None = None,
@@ -395,6 +400,6 @@ def run_program(ir: ProgramIR, *, backend: str | Platform = "cpu", nbytes: int, 
         return runner.run(nbytes, inplace=inplace, iters=iters, warmup=warmup, seed=seed)
 
 
-__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "program_layout", "run_program",
+__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "program_layout", "check_placement", "run_program",
            "busbw_factor", "generated_sources", "CODEGENS",
            "describe_stuck", "DTYPES", "OPS", "ELEMENT_BYTES"]

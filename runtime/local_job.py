@@ -9,8 +9,12 @@ once, with its reason) and runs a step on every rank together (:meth:`LocalJob.e
 per rank); :meth:`LocalJob.collective` is one call of the program's collective on every rank's
 array, the outputs returned in rank order for the caller's oracle, and :meth:`LocalJob.run` one
 call on the oracle's inputs compared with it as the single-process runner compares
-(:mod:`hccc.runtime.oracle`), a :class:`~hccc.runtime.launcher.RunResult`. Everything a rank allocates is
-POSIX shared memory or the platform's, mapped by its peers as in separate processes.
+(:mod:`hccc.runtime.oracle`), a :class:`~hccc.runtime.launcher.RunResult`. The ranks take every
+step of a job's set-up, barriers, calls and failure handling; only the handles travel in-process:
+what a rank's peers reach of it (control block, FIFOs, flags, host segment) is this process's
+memory, exchanged as objects and pointers through the bootstrap (:meth:`~hccc.runtime.bootstrap.
+Bootstrap.exchange`), with nothing exported, named in ``/dev/shm`` or mapped (GPUs of one process
+still export IPC memory, taken by pointer).
 
 A call may also be launched together, as the single-process runner launches (:class:`GroupLaunch`):
 each rank's thread takes its call through the job's steps up to the launch
@@ -32,7 +36,8 @@ import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.ir.extents import count_unit
-from hccc.runtime import oracle, reference
+from hccc.runtime import alltoallv as av, oracle, reference, shm
+from hccc.runtime.alltoallv_call import buffer_lengths
 from hccc.runtime.bootstrap import local_bootstraps
 from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
@@ -40,10 +45,12 @@ from hccc.runtime.direct_peers import peers_blob, peers_usable
 from hccc.runtime.generated import GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
+from hccc.runtime.memory_limits import check_fifo_memory
 from hccc.runtime.kernel_abi import Args
-from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, program_layout
+from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, check_placement, program_layout
 from hccc.runtime.platform import Instance
-from hccc.runtime.rank_memory import BackgroundSync, grid_argument
+from hccc.runtime.rank_memory import BackgroundSync, LaunchCall, grid_argument
+from hccc.util import dtypes as dtypes_table
 
 
 class ThreadRank(Communicator):
@@ -83,14 +90,17 @@ class ThreadRank(Communicator):
 
 class LocalJob:
     """The ``ir.nranks`` ranks of ``ir`` (a ProgramIR) as communicators in threads of this
-    process; ``timeout_s`` bounds the set-up and every call as for a Communicator, and every other
+    process; ``timeout_s`` bounds the set-up and every call as for a Communicator, ``watchdog_s``
+    each kernel's run (:attr:`~hccc.runtime.process_rank.ProcessRank.watchdog_s`), and every other
     keyword (``backend``, ``dtype``, ``op``, ``proto``, ``kernel_timeout_s``, ``codegen``,
     ``fifo_bytes``, ...) is given to each rank's :class:`Communicator`. Raises
     :class:`CommunicatorError` naming each rank's failure when a set-up fails; nothing stays
     allocated then."""
 
-    def __init__(self, ir, *, timeout_s: float = 60.0, **communicator_options):
+    def __init__(self, ir, *, timeout_s: float = 60.0, watchdog_s: float | None = None, **communicator_options):
         self.ir, self.nranks = ir, int(ir.nranks)
+        #: the element type the ranks' kernels are built for at set-up (others on first use)
+        self.dtype = str(communicator_options.get("dtype", "float32"))
         #: the time of the last call launched together (:meth:`collective`), in microseconds
         self.last_time_us: float | None = None
         #: (dtype, op) -> the one-grid entry (:class:`GridEntry`), built on first use
@@ -99,6 +109,7 @@ class LocalJob:
         #: ended on close or when the job is collected unclosed
         self._threads = RankThreads(self.nranks)
         weakref.finalize(self, self._threads.close)
+        shm.reap_stale()     # once for the job (its ranks name no segments of their own)
         boots = local_bootstraps(self.nranks, timeout_s=timeout_s)
         programs = SharedPrograms()
         #: the ranks' communicators, in rank order
@@ -111,6 +122,8 @@ class LocalJob:
         if any(e is not None for e in errors):
             self.close()
             raise _job_error(errors, "setting up")
+        for c in self.comms:
+            c.watchdog_s = watchdog_s
 
     def each(self, step) -> list:
         """``step(rank, communicator)`` on every rank at once, one thread each; the results in rank
@@ -123,37 +136,45 @@ class LocalJob:
         return [x for x, _ in got]
 
     def collective(self, inputs: list, count: int, op: str = "sum", *, together: bool = False,
-                   direct: bool = False, one_grid: bool = False) -> list[np.ndarray]:
+                   direct: bool = False, one_grid: bool = False, inplace: bool = False,
+                   bfloat16: bool = False) -> list[np.ndarray]:
         """One call of the program's collective at ``count`` elements of full buffer (nccl-tests'
         S), ``inputs[r]`` rank ``r``'s array (copied; out of place, into an output of the
         program's layout at that count): every rank's output, in rank order. ``together``: the
         ranks' kernels launched by one thread (:class:`GroupLaunch`; the call's time in
         :attr:`last_time_us`), with ``direct`` direct mode's peers array for a Simple call and with
-        ``one_grid`` as one launch of the one-grid entry (:class:`GridEntry`)."""
+        ``one_grid`` as one launch of the one-grid entry (:class:`GridEntry`). ``inplace``: each
+        rank's input placed in its output where the program's layout overlays them (or its output
+        in its input), the collective's in-place form (ValueError where the program is not proven
+        in place or its buffers do not overlay, :func:`~hccc.runtime.launcher.check_placement`).
+        ``bfloat16``: the arrays hold bfloat16 bit patterns (uint16, as the device holds them:
+        :func:`hccc.runtime.oracle.to_device`), handed to the ranks as torch bfloat16 tensors over
+        the same memory (numpy has no bfloat16), the outputs returned as bit patterns too."""
         if len(inputs) != self.nranks:
             raise ValueError(f"expected {self.nranks} input arrays, got {len(inputs)}")
         if (direct or one_grid) and not together:
             raise ValueError("direct mode's peers array and the one-grid launch need the ranks launched together")
         spec, method = SPECS[self.ir.collective], METHODS[self.ir.collective]
-        lens = [row[1] for row in program_layout(self.ir, int(count))]
+        rows = program_layout(self.ir, int(count))
+        if inplace:
+            check_placement(self.ir, True, rows)
         kwargs = {"op": op} if spec.reduces else {}
-        grid = None
-        if one_grid:
-            dtype = call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype
-            key = (dtype, op if spec.reduces else "sum")
-            grid = self._grids.get(key) or self._grids.setdefault(key, GridEntry(self.comms, *key))
+        as_kernel = _bfloat16_tensor if bfloat16 else (lambda a: a)
+        dtype = ("bfloat16" if bfloat16 else
+                 call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype)
+        grid = self._grid_entry(dtype, op) if one_grid else None
         group = GroupLaunch(self.comms, direct, grid) if together else None
 
         # outputs start as garbage (a NaN, the most negative integer), so an element never written shows up
-        garbage = oracle.GARBAGE[call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype]
+        garbage = oracle.GARBAGE[dtype]
 
         def step(r, comm):
-            x = np.array(inputs[r], copy=True)
-            out = np.full(lens[r], garbage, dtype=x.dtype)
+            x, out = _call_buffers(np.asarray(inputs[r]), rows[r], garbage, inplace)
             if group is None:
-                return np.array(getattr(comm, method)(x, out=out, **kwargs), copy=True)
+                getattr(comm, method)(as_kernel(x), out=as_kernel(out), **kwargs)
+                return np.array(out, copy=True)
             try:
-                group.call(r, method, x, out, op)
+                group.call(r, method, as_kernel(x), as_kernel(out), op)
             except BaseException:
                 group.gate.abort()          # the peers stop waiting for this rank's launch
                 raise
@@ -189,41 +210,176 @@ class LocalJob:
 
     def run(self, count: int, *, dtype: str = "float32", op: str = "sum", seed: int = 0,
             together: bool = True, direct: bool = False, one_grid: bool = False, warmup: int = 0,
-            iters: int = 1) -> RunResult:
+            iters: int = 1, inplace: bool = False, proto: str | None = None,
+            slice_bytes: int | str = "auto", checks: int = 1, keep_outputs: bool = True,
+            nthreads: int | None = None, timeout_s: float | None = None) -> RunResult:
         """``warmup + iters`` calls at ``count`` elements of full buffer, each on the oracle's
-        inputs (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``) into garbage outputs, out
-        of place, launched as :meth:`collective` launches (the mean time of the timed ones when
-        launched together), the last compared as the single-process runner compares
-        (:func:`hccc.runtime.oracle.compare`): a :class:`RunResult` whose ``stuck`` is the job's
-        error (every rank's; the job then runs again, :meth:`recover`, as the runner stays usable
-        after a stuck launch) and whose ``outputs`` are every rank's."""
-        if dtype == "bfloat16":
-            raise ValueError("a job's run passes numpy arrays, which hold no bfloat16 (run it through "
-                             "torch tensors)")
-        if iters < 1 or warmup < 0:
-            raise ValueError("iters must be >= 1 and warmup >= 0")
+        inputs (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``) into garbage outputs
+        (``inplace``: the collective's in-place form, as :meth:`collective` places it), launched as
+        :meth:`collective` launches (the mean time of the timed ones when launched together), the
+        last compared as the single-process runner compares (:func:`hccc.runtime.oracle.compare`),
+        then ``checks - 1`` more calls on the same inputs, each compared (nccl-tests' ``-c N``:
+        ``wrong`` sums them): a :class:`RunResult` whose ``stuck`` is the job's error (every
+        rank's; the job then runs again, :meth:`recover`, as the runner stays usable after a stuck
+        launch) and whose ``outputs`` are every rank's (of the first compared call; None without
+        ``keep_outputs``). ``proto`` (``"simple"``, ``"ll"``, ``"auto"``; None: the ranks' own)
+        and ``slice_bytes`` (``"auto"`` or a fixed micro-batch slice, a positive multiple of 16 of
+        at most the slot) hold for these calls only, on every rank alike; ValueError for either
+        before any call. So do ``nthreads`` (threads per block; None: each rank's own), refused
+        before any call where a rank's blocks would not all be resident at once
+        (:meth:`check_threads`), and ``timeout_s`` (the kernels' own spin-wait limit; None: the
+        ranks' ``kernel_timeout_s``)."""
+        if iters < 1 or warmup < 0 or checks < 1:
+            raise ValueError("iters and checks must be >= 1 and warmup >= 0")
         spec = SPECS[self.ir.collective]
         op = op if spec.reduces else "sum"
         count = reference.alltoall_count(int(count), count_unit(self.ir))
+        c0 = self.comms[0]
+        proto = c0.proto if proto is None else proto
+        # the call's protocol and slice checked before any rank makes it (the ranks plan alike)
+        LaunchCall.plan(self.ir, count, ELEMENT_BYTES[dtype], c0.chunk_bytes, proto=proto,
+                        slice_bytes=slice_bytes, fit_slot=False)
+        if nthreads is not None:
+            self.check_threads(int(nthreads), dtype, op, one_grid)
         inputs = oracle.make_inputs(self.ir, count, dtype, op, seed)
         device = [oracle.to_device(x, dtype) for x in inputs]
-        outs, stuck, times = None, None, []
+        outs, stuck, times, verdicts = None, None, [], []
+        kept = [(c.proto, c._slice_request, c.block, c.kernel_timeout_s) for c in self.comms]
+        for c in self.comms:
+            c.proto, c._slice_request = proto, slice_bytes
+            c.block = c.block if nthreads is None else int(nthreads)
+            c.kernel_timeout_s = c.kernel_timeout_s if timeout_s is None else float(timeout_s)
+
+        def call():
+            outs = self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid,
+                                   inplace=inplace, bfloat16=dtype == "bfloat16")
+            return [oracle.from_device(o, dtype) for o in outs]
         try:
             for it in range(warmup + iters):
-                outs = self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid)
+                outs = call()
                 if together and it >= warmup:
                     times.append(self.last_time_us)
+            verdicts.append(oracle.compare(self.ir, dtype, op, outs, inputs, inplace))
+            for _ in range(checks - 1):
+                verdicts.append(oracle.compare(self.ir, dtype, op, call(), inputs, inplace))
         except CommunicatorError as exc:
             outs, stuck = None, str(exc)
             self.recover()
-        wrong, first, coll_wrong, used = (oracle.compare(self.ir, dtype, op, outs, inputs, False)
-                                          if outs is not None else (0, None, -1, None))
-        c0 = self.comms[0]
-        return RunResult(bytes=count * ELEMENT_BYTES[dtype], count=count, dtype=dtype, op=op, inplace=False,
+        finally:
+            for c, (p, sl, b, t) in zip(self.comms, kept):
+                c.proto, c._slice_request, c.block, c.kernel_timeout_s = p, sl, b, t
+        wrong = sum(v[0] for v in verdicts)
+        first = next((v[1] for v in verdicts if v[1] is not None), None)
+        coll_wrong, used = (verdicts[0][2], verdicts[0][3]) if verdicts else (-1, None)
+        return RunResult(bytes=count * ELEMENT_BYTES[dtype], count=count, dtype=dtype, op=op, inplace=bool(inplace),
                          wrong=int(wrong), time_us=float(np.mean(times)) if times else float("nan"),
                          stuck=stuck, first_wrong=first, collective=self.ir.collective,
                          nranks=self.nranks, iters=len(times) if together else 0,
-                         collective_wrong=int(coll_wrong), nthreads=c0.block, oracle=used, outputs=outs,
+                         collective_wrong=int(coll_wrong), nthreads=c0.block if nthreads is None else int(nthreads),
+                         oracle=used, outputs=outs if keep_outputs and stuck is None else None,
+                         slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
+                         checks=len(verdicts))
+
+    @property
+    def fifo_capacity(self) -> int:
+        """The slot capacity the ranks' FIFOs hold now (as ``chunk_bytes``)."""
+        return self.comms[0].chunk_bytes
+
+    def fit_fifos(self, capacity: int) -> None:
+        """Make every rank's FIFOs hold slots of ``capacity`` (at most the compiled ``chunk_bytes``):
+        reallocated larger on every rank together where they hold less
+        (:meth:`~hccc.runtime.communicator.Communicator._refit`: CPU emulation, the ranks' memory
+        taken by address), never shrunk; the memory limit checked first
+        (:class:`~hccc.runtime.memory_limits.FifoMemoryError`, nothing changed)."""
+        capacity = min(int(capacity), self.comms[0].compiled_chunk_bytes)
+        if capacity <= self.fifo_capacity:
+            return
+        check_fifo_memory(self.ir.name, self.comms[0]._prog.plans_with_capacity(capacity, self.ir.max_step_chunks))
+        self.each(lambda r, comm: comm._refit(capacity))
+
+    def _grid_entry(self, dtype: str, op: str) -> "GridEntry":
+        """The one-grid entry for ``dtype`` / ``op`` (:class:`GridEntry`), built on first use."""
+        key = (dtype, op if SPECS[self.ir.collective].reduces else "sum")
+        return self._grids.get(key) or self._grids.setdefault(key, GridEntry(self.comms, *key))
+
+    def check_threads(self, block: int, dtype: str, op: str, one_grid: bool = False) -> None:
+        """ValueError unless every rank's blocks of ``block`` threads (its kernel for ``dtype`` /
+        ``op``) are all resident at once on its platform: they wait on each other (the one-grid
+        launch: every rank's blocks together, on rank 0's platform)."""
+        if block < 1:
+            raise ValueError("nthreads must be positive")
+        if one_grid:
+            try:
+                self._grid_entry(dtype, op)._check_fit(block)
+            except CommunicatorError as exc:
+                raise ValueError(str(exc)) from None
+            return
+        for c in self.comms:
+            fit = c._pf.max_resident_blocks(c._kernel(dtype, op), block)
+            if c.grid > fit:
+                raise ValueError(f"rank {c.rank}'s kernel needs {c.grid} thread blocks of {block} threads "
+                                 f"resident at once; at most {fit} fit")
+
+    def run_v(self, counts, *, sdispls=None, rdispls=None, send_lens=None, recv_lens=None,
+              inplace: bool = False, inputs: list | None = None, seed: int = 0, warmup: int = 0,
+              iters: int = 1, keep_outputs: bool = True, dtype: str | None = None) -> RunResult:
+        """The AllToAll program as an AllToAllv (:mod:`hccc.runtime.alltoallv`), as the
+        single-process runner's ``run_v`` takes it: ``counts[s][d]`` elements from rank ``s`` to
+        rank ``d``, displacements ``sdispls[s][d]`` / ``rdispls[d][s]`` (None: packed), buffers of
+        ``send_lens[r]`` / ``recv_lens[r]`` elements (None: just large enough); ``inputs`` (one
+        array per rank, of its send buffer's length) or small integers from ``seed``, of ``dtype``
+        (default the job's, :attr:`dtype`). ``warmup + iters`` calls of every rank's
+        :meth:`~hccc.runtime.communicator.Communicator.all_to_all_v` (each rank's counts checked
+        by the ranks themselves, compared at the call's barrier), the last one's receive buffers
+        compared with :func:`hccc.runtime.alltoallv.expected` (not timed: ``time_us`` is nan).
+        ValueError (CountsError naming the entry) before any call for counts the buffers cannot
+        take; a failed call is the result's ``stuck`` and the job runs again (:meth:`recover`)."""
+        ir, N = self.ir, self.nranks
+        if not SPECS[ir.collective].per_pair_counts:
+            raise ValueError(f"{ir.name} is a {ir.collective}: per-pair counts need an AllToAll program")
+        if bool(inplace) not in ir.placements:
+            raise ValueError(f"{ir.name} is proven {'out of place' if inplace else 'in place'} only")
+        if iters < 1 or warmup < 0:
+            raise ValueError("iters must be >= 1 and warmup >= 0")
+        c = av.as_counts(counts, N)
+        send_lens, recv_lens = buffer_lengths(c, sdispls, rdispls, send_lens, recv_lens, inplace)
+        sd, rd = av.check_call(c, send_lens, recv_lens, sdispls, rdispls, inplace)
+        dtype = self.dtype if dtype is None else dtype
+        if dtype == "bfloat16":
+            raise ValueError("a job's run passes numpy arrays, which hold no bfloat16 (run it through "
+                             "torch tensors)")
+        npdt = np.dtype(dtypes_table.dtype(dtype).numpy)
+        if inputs is None:
+            rng = np.random.default_rng(seed)
+            inputs = [rng.integers(-100, 101, size=int(n)).astype(npdt) for n in send_lens]
+        else:
+            inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
+            if len(inputs) != N or any(len(x) != int(n) for x, n in zip(inputs, send_lens)):
+                raise ValueError("inputs: one array per rank, of its send buffer's length")
+        before = [np.array(inputs[r], copy=True) if inplace else np.full(int(recv_lens[r]), oracle.GARBAGE[dtype], npdt)
+                  for r in range(N)]
+        want = av.expected([np.array(x) for x in inputs], before, c, sd, rd)
+
+        def step(r, comm):
+            x = np.array(inputs[r], copy=True)
+            out = None if inplace else np.array(before[r], copy=True)
+            comm.all_to_all_v(x, out, c, sdispls=sdispls, rdispls=rdispls)
+            return x if inplace else out
+        outs, stuck = None, None
+        try:
+            for _ in range(warmup + iters):
+                outs = self.each(step)
+        except CommunicatorError as exc:
+            outs, stuck = None, str(exc)
+            self.recover()
+        wrong, first = oracle.count_wrong(ir.collective, outs, want) if outs is not None else (0, None)
+        es = ELEMENT_BYTES[dtype]
+        c0 = self.comms[0]
+        per_rank = int(c.sum()) * es // max(N, 1)
+        return RunResult(bytes=per_rank, count=per_rank // es, dtype=dtype, op="sum", inplace=bool(inplace),
+                         wrong=int(wrong), time_us=float("nan"), stuck=stuck, first_wrong=first,
+                         collective=ir.collective, nranks=N, iters=0, collective_wrong=0, nthreads=c0.block,
+                         oracle="alltoallv", outputs=outs if keep_outputs else None,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
                          checks=1 if outs is not None else 0)
 
@@ -473,11 +629,19 @@ class GridEntry:
         # of hm_allreduce_4x8 at 1 MiB on the CPU emulation: 2.6 s against 0.21 s)
         lib = self.pf.build(prog.gendir, prog.manifest, inst, ranks=list(range(len(comms))), single_gpu=True)
         self.fn = self.pf.load(lib).function(sym)
-        self.blocks, self.block = sum(c.grid for c in comms), max(c.block for c in comms)
-        fit = self.pf.max_resident_blocks(self.fn, self.block)
+        self.blocks = sum(c.grid for c in comms)
+        self._check_fit(self.block)
+
+    @property
+    def block(self) -> int:
+        """Threads per block of the launch: the most any rank runs now."""
+        return max(c.block for c in self.comms)
+
+    def _check_fit(self, block: int) -> None:
+        fit = self.pf.max_resident_blocks(self.fn, block)
         if self.blocks > fit:
-            raise CommunicatorError(f"{first.ir.name} as one grid needs {self.blocks} thread blocks of "
-                                    f"{self.block} threads resident at once; at most {fit} fit")
+            raise CommunicatorError(f"{self.comms[0].ir.name} as one grid needs {self.blocks} thread blocks "
+                                    f"of {block} threads resident at once; at most {fit} fit")
 
     def argument(self, packed: list[bytes], staged: list) -> bytes:
         """The entry's argument over every rank's packed ``hccc_args`` (``packed``), copied into
@@ -492,7 +656,34 @@ class GridEntry:
     def launch(self, arg: bytes) -> None:
         """Every rank's blocks in one launch on rank 0's stream."""
         owner = self.comms[0]
+        self._check_fit(self.block)
         self.pf.launch_grid(self.fn, self.blocks, self.block, arg, owner._stream, abort_flag=owner.flags.abort)
+
+
+def _bfloat16_tensor(bits: np.ndarray):
+    """A torch bfloat16 tensor over the memory of ``bits`` (uint16 bit patterns)."""
+    try:
+        import torch
+    except ImportError:
+        raise ValueError("a bfloat16 run hands the ranks torch tensors (numpy has no bfloat16): "
+                         "torch is not installed") from None
+    return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+
+
+def _call_buffers(x: np.ndarray, row, garbage, inplace: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(input, output) of one rank's call of layout row ``row``
+    (:func:`~hccc.runtime.launcher.program_layout`) on a copy of ``x``: out of place an output of
+    ``garbage``; in place one buffer, the input at its offset in the output (the rest garbage),
+    or the output a view of the input at its offset."""
+    n_in, n_out, _scratch, in_off, out_off = row
+    if not inplace:
+        return np.array(x, copy=True), np.full(n_out, garbage, dtype=x.dtype)
+    if in_off >= 0:
+        buf = np.full(max(n_out, in_off + n_in), garbage, dtype=x.dtype)
+        buf[in_off:in_off + n_in] = x
+        return buf[in_off:in_off + n_in], buf[:n_out]
+    buf = np.array(x, copy=True)
+    return buf, buf[out_off:out_off + n_out]
 
 
 def _job_error(errors: list, doing: str) -> CommunicatorError:

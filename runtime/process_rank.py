@@ -49,6 +49,14 @@ class ProcessRank:
     (``timeout_s``) and the kernel's own spin-wait limit (``kernel_timeout_s``); nothing is
     allocated until the set-up calls :meth:`_allocate`."""
 
+    #: the micro-batch slice of the calls: ``"auto"`` (the slice model), or bytes that a job whose
+    #: ranks are threads of this process sets on every rank alike for a call
+    #: (:meth:`~hccc.runtime.local_job.LocalJob.run`)
+    _slice_request: int | str = "auto"
+    #: the host's limit on a kernel's run in seconds (its abort flag raised then), or None:
+    #: ``timeout_s + 2 * kernel_timeout_s`` (:func:`~hccc.runtime.kernel_wait.wait_for_kernel`)
+    watchdog_s: float | None = None
+
     def __init__(self, proto: str, timeout_s: float, kernel_timeout_s: float):
         self.proto = proto                # ValueError for anything but auto / simple / ll
         #: the FIFO protocol the last call ran ("simple" or "ll"; None before the first call)
@@ -62,6 +70,9 @@ class ProcessRank:
         #: the condition the ranks of an in-process job share for their host barriers, or None
         #: (:attr:`~hccc.runtime.bootstrap.Bootstrap.wake`, set by the bootstrap)
         self._wake = None
+        #: every peer is a thread of this process (an in-process bootstrap): the handles of this
+        #: rank's memory and host segment travel as objects (set by the bootstrap)
+        self._in_process = False
         #: what release() gives back (:class:`RankAllocations`; made with the memory)
         self._owned: RankAllocations | None = None
         #: (count, element bytes, protocol asked) -> (LaunchCall, this rank's layout row)
@@ -91,7 +102,7 @@ class ProcessRank:
         to the peers, orphan FIFOs and connection tables local; its table in table mode), its
         flags, its host segment and its stream."""
         pf = self._pf
-        self._owned = own = RankAllocations(pf)
+        self._owned = own = RankAllocations(pf, in_process=self._in_process)
         self._mem = mem = RankMemory(self._plans[self.rank], pf, own.exported, own.local,
                                      lambda n: own.local(n, peer=True))
         self.flags = own.launch_flags()
@@ -100,7 +111,8 @@ class ProcessRank:
                 mem.load_table(self._prog.tables([self.rank])[self.rank])
             except PlatformError as exc:
                 raise CommunicatorError(f"rank {self.rank}: {exc}") from None
-        self._hosts = HostSegments(self.rank, self.world_size, self.timeout_s, wake=self._wake)
+        self._hosts = HostSegments(self.rank, self.world_size, self.timeout_s, wake=self._wake,
+                                   in_process=self._in_process)
         self._stream = pf.stream()
         self._vcalls = RankAllToAllv(
             self.ir, self.rank, self.world_size, pf, Staging(pf, own.allocs), self._hosts, run=self._run,
@@ -108,6 +120,8 @@ class ProcessRank:
             next_call=lambda: self._calls + 1, remote=lambda: bool(self._net is not None and self._net.remote),
             error=CommunicatorError)
         self._calls = self._seq = 0
+        #: the FIFOs' reallocations so far (:meth:`_refit`)
+        self._refits = 0
         #: LL flag epochs of this rank's FIFOs: every rank derives the same from the same calls
         #: (compared per call), so the slots are zeroed only at the first LL call, after Simple
         #: calls and when the epochs wrap (:mod:`hccc.runtime.ll_epoch`)
@@ -272,12 +286,13 @@ class ProcessRank:
         :meth:`hccc.runtime.rank_memory.LaunchCall.plan`) and this rank's layout row, planned once
         per call shape: every input to them is the shape, the protocol asked for and what the
         communicator fixed when it was made."""
-        key = (count, es, self._proto)
+        key = (count, es, self._proto, self._slice_request)
         got = self._call_plans.get(key)
         if got is None:
             # the FIFOs were exported at set-up with slots of this capacity: every launch keeps it
             call = LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=self._proto,
-                                   ll_refused=self._ll_refused(), fit_slot=False)
+                                   slice_bytes=self._slice_request, ll_refused=self._ll_refused(),
+                                   fit_slot=False)
             got = self._remember(key, (call, self._layout_row(count)))
         return got
 
@@ -326,7 +341,8 @@ class ProcessRank:
         got = wait_for_kernel(pf or self._pf, self.flags, self._hosts, self._net, self.ir, call=self._calls,
                               watch=self._watching, timeout_s=self.timeout_s,
                               kernel_timeout_s=self.kernel_timeout_s,
-                              abort_peers=self._owned.abort_peers, method=method, sync=self._sync)
+                              abort_peers=self._owned.abort_peers, method=method, sync=self._sync,
+                              limit_s=self.watchdog_s)
         if got is None:
             return
         why, kernel_running = got

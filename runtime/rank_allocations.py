@@ -20,9 +20,10 @@ _SCRATCH_MIN = 16
 
 
 class RankAllocations:
-    """What rank memory ``pf`` (the rank's Platform object) gave this process, to give back."""
+    """What rank memory ``pf`` (the rank's Platform object) gave this process, to give back.
+    ``in_process``: every peer is a thread of this process (they exchange pointers, not handles)."""
 
-    def __init__(self, pf):
+    def __init__(self, pf, in_process: bool = False):
         self.pf = pf
         #: exported segments, imported mappings, local allocations, pinned host flags
         self.segments_own: list[int] = []
@@ -33,10 +34,17 @@ class RankAllocations:
         self.peer_flags: dict[int, int] = {}
         self.scratch: tuple[int, int] | None = None      # (pointer, bytes)
         self.shared_flags = pf.name == "cpu"
+        #: on the CPU emulation with every peer in this process, what the peers reach is this
+        #: process's memory, taken by address: nothing exported, named or mapped (GPUs of one
+        #: process still export IPC memory)
+        self.private = bool(in_process) and self.shared_flags
         self.flags_ptr = self.abort = self.error = None
 
     def exported(self, n: int) -> int:
-        """``n`` bytes the peers map (:meth:`Platform.ipc_malloc`)."""
+        """``n`` zeroed bytes the peers map (:meth:`Platform.ipc_malloc`), or reach by address
+        (:attr:`private`: :meth:`Platform.malloc_peer`, given back as local memory)."""
+        if self.private:
+            return self.local(n, peer=True)
         p = self.pf.ipc_malloc(n)
         self.segments_own.append(p)
         return p

@@ -12,6 +12,9 @@ this user's and dead is removed: a segment of this PID namespace (containers sha
 have namespaces of their own, whose process ids mean nothing here), owned by this user, whose
 creator process no longer exists or is another process now (a different start time).
 
+Ranks that are threads of one process need none of this: their host segments are blocks of the
+process's own memory (:func:`private`), which the peers hold as objects.
+
 Addresses are plain host addresses (``int``), like every CPU-emulated device pointer.
 """
 from __future__ import annotations
@@ -83,6 +86,38 @@ class Segment:
             except BufferError:
                 pass          # a view still exported: the mapping goes with its last user
             self._map = None
+
+
+class PrivateSegment(Segment):
+    """A block of this process's memory with a segment's face (:func:`private`), for ranks that are
+    threads of one process: no name, nothing in ``/dev/shm``, no handle; the peers hold the object
+    itself, and the memory goes with its last holder (:meth:`close` leaves it to them)."""
+
+    def __init__(self, size: int, mapping: mmap.mmap):
+        super().__init__("", size, mapping, owner=True)
+        self._linked = False
+
+    @property
+    def handle(self) -> bytes:
+        raise ShmError("memory private to this process has no handle: its peers in this process "
+                       "take the segment itself")
+
+    def close(self) -> None:
+        """Nothing to unmap while a peer may still read it: the mapping goes with its last holder."""
+
+
+def private(size: int) -> PrivateSegment:
+    """A new zeroed block of this process's memory of ``size`` bytes (at least one page), for
+    peers that are threads of this process (:class:`PrivateSegment`)."""
+    size = max(int(size), mmap.PAGESIZE)
+    try:
+        m = mmap.mmap(-1, size)
+    except OSError as exc:
+        message = f"cannot map {size} bytes of memory: {exc.strerror or exc}"
+        if exc.errno in _NO_MEMORY:
+            raise ShmNoMemory(message, size) from None
+        raise ShmError(message) from None
+    return PrivateSegment(size, m)
 
 
 def _require() -> None:
@@ -243,4 +278,4 @@ def reap_stale() -> list[str]:
 
 
 __all__ = ["Segment", "ShmError", "ShmNoMemory", "create", "attach", "parse_handle", "process_alive", "ours",
-           "pid_namespace", "reap_stale", "start_time", "SHM_DIR"]
+           "pid_namespace", "private", "PrivateSegment", "reap_stale", "start_time", "SHM_DIR"]

@@ -347,6 +347,50 @@ def test_property_small_programs_as_alltoallv(data):
 
 
 @needs_gxx
+@settings(max_examples=6)
+@given(data=st.data())
+def test_property_a_jobs_ranks_in_threads_run_alltoallv(data):
+    """Every rank a Communicator in a thread of one job (the path a job of one rank per process
+    takes): its AllToAllv run is the definition, packed or with larger buffers at given
+    displacements, out of place or in place."""
+    from hccc.runtime.local_job import LocalJob
+    alg = data.draw(valid_programs("alltoall", max_ranks=3, min_ranks=2, max_chunks_per_rank=2))
+    ir = build_program(alg)
+    inplace = data.draw(st.booleans())
+    c = data.draw(_counts(ir.nranks, inplace))
+    n = ir.nranks
+    spread = 0 if inplace else data.draw(st.integers(0, 3))    # a gap after every block
+    kw = {}
+    if spread:
+        sd = [[int(sum(c[s][:d])) + spread * d for d in range(n)] for s in range(n)]
+        rd = [[int(sum(c[i][d] for i in range(s))) + spread * s for s in range(n)] for d in range(n)]
+        kw = {"sdispls": sd, "rdispls": rd, "send_lens": [int(sum(c[s])) + spread * n for s in range(n)],
+              "recv_lens": [int(sum(c[:, d])) + spread * n for d in range(n)]}
+    sends = [np.random.default_rng(s).integers(0, 100, size=int(sum(c[s])) + spread * n).astype(np.float32)
+             for s in range(n)]
+    with LocalJob(ir, timeout_s=30) as job:
+        res = job.run_v(c, inplace=inplace, inputs=sends, **kw)
+    assert res.stuck is None and res.ok and res.oracle == "alltoallv", res.stuck or res.first_wrong
+    if not inplace:
+        _check(res, sends, c, sd=kw.get("sdispls"), rd=kw.get("rdispls"), recv_lens=kw.get("recv_lens"))
+
+
+@needs_gxx
+def test_a_jobs_alltoallv_refuses_what_the_buffers_cannot_take_before_any_call():
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_alltoall(3))
+    with LocalJob(ir, timeout_s=30) as job:
+        calls = []
+        for comm in job.comms:
+            comm.all_to_all_v = lambda *a, **k: calls.append(a)
+        with pytest.raises(av.CountsError, match=r"counts\[1\]\[2\]"):
+            job.run_v([[0, 1, 2], [3, 4, -5], [6, 7, 8]])
+        with pytest.raises(ValueError, match="per-pair counts need an AllToAll program"):
+            LocalJob.run_v(type("J", (), {"ir": build_program(gen.ring_allgather(3)), "nranks": 3})(), [[0] * 3] * 3)
+        assert calls == []
+
+
+@needs_gxx
 @pytest.mark.parametrize("kw, proto", [({"codegen": "table"}, "ll"), ({"one_grid": False}, "simple")])
 def test_kernels_table_mode_ll_and_a_kernel_per_rank(kw, proto):
     """The generic table kernels and the LL protocol (every message through the FIFO as lines)

@@ -126,6 +126,19 @@ def test_communicator_latency_benchmark_prints_its_table():
     assert len(rows) == 2 and rows[1][0] == "4096" and float(rows[1][1]) > 0 and float(rows[1][2]) > 0
 
 
+def test_job_setup_benchmark_times_both_launchers(capsys):
+    """benchmarks/job_setup.py: for each rank count, a row per launcher with positive times, and
+    the job's set-up as a multiple of the runner's."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not installed")
+    _load("job_setup").main(["--ranks", "2", "--reps", "1"])
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines()]
+    assert rows[0][:2] == ["ranks", "launcher"]
+    assert [r[:2] for r in rows[1:3]] == [["2", "Runner"], ["2", "LocalJob"]]
+    assert all(float(x) > 0 for r in rows[1:3] for x in r[2:])
+    assert rows[3][:2] == ["2", "job/runner"] and rows[3][3].endswith("x")
+
+
 def test_fusion_benchmark_rows(capsys):
     """benchmarks/fusion.py: side-by-side rows; fusion never adds HBM traffic and saves some on a
     ring broadcast (every forward fused)."""

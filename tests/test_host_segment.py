@@ -17,12 +17,19 @@ from hccc.runtime.host_segment import (HostSegments, call_type, describe_type, h
 from hccc.util.dtypes import DTYPE_NAMES, OP_NAMES
 
 
-@pytest.fixture()
-def pair():
-    """Ranks 0 and 1 of a two-rank job, each mapping the other's segment."""
-    a, b = HostSegments(0, 2, timeout_s=5.0), HostSegments(1, 2, timeout_s=5.0)
-    a.attach(1, b.own.handle)
-    b.attach(0, a.own.handle)
+@pytest.fixture(params=["processes", "threads"])
+def pair(request):
+    """Ranks 0 and 1 of a two-rank job, each mapping the other's segment (POSIX shared memory,
+    as ranks in separate processes), or taking it as an object (ranks that are threads of one
+    process): every test below holds for both."""
+    threads = request.param == "threads"
+    a, b = (HostSegments(r, 2, timeout_s=5.0, in_process=threads) for r in (0, 1))
+    if threads:
+        a.attach(1, segment=b.own)
+        b.attach(0, segment=a.own)
+    else:
+        a.attach(1, b.own.handle)
+        b.attach(0, a.own.handle)
     for h in (a, b):
         h.know([os.getpid(), os.getpid()], ["n", "n"])
     yield a, b
@@ -93,3 +100,30 @@ def test_counts_rows_are_gathered_by_call_stamp(pair):
     assert missing is None and np.array_equal(got, np.stack([ra, rb]))
     got, missing = a.rows(4, ra)                  # rank 1's row is for another call
     assert got is None and missing == 1
+
+
+def test_ranks_in_one_process_share_their_segments_as_objects_named_nowhere():
+    """An in-process host segment is memory of this process: no name in /dev/shm, no handle to
+    map it by; a peer takes the object itself (nothing else), and the memory stays readable to
+    the peer after its owner closed (it goes with its last holder)."""
+    from hccc.runtime import shm
+    before = set(shm.ours())
+    a, b = (HostSegments(r, 2, timeout_s=5.0, in_process=True) for r in (0, 1))
+    assert set(shm.ours()) == before
+    with pytest.raises(shm.ShmError, match="no handle"):
+        a.own.handle
+    with pytest.raises(shm.ShmError, match="not memory of this process"):
+        a.attach(1, segment=object())
+    plain = HostSegments(1, 2, timeout_s=5.0)
+    try:
+        with pytest.raises(shm.ShmError, match="not memory of this process"):
+            a.attach(1, segment=plain.own)
+    finally:
+        plain.close()
+    a.attach(1, segment=b.own)
+    assert a.peers[1] is b.own
+    b.report_failure("gone wrong")
+    b.close()
+    a.know([os.getpid(), os.getpid()], ["n", "n"])
+    assert a.peer_problem() == "rank 1 failed (gone wrong)"
+    a.close()

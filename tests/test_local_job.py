@@ -64,6 +64,71 @@ def test_every_rank_gets_every_ranks_data_in_rank_order(data):
     assert boots[0].rendezvous._steps == {}     # every step forgotten once all ranks read it
 
 
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                     | st.text(max_size=5),
+                     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=3), kids, max_size=3),
+                     max_leaves=8)
+
+
+@settings(max_examples=25)
+@given(values=st.lists(st.dictionaries(st.text(max_size=3), _json, max_size=3), min_size=1, max_size=5))
+def test_an_exchange_gives_every_ranks_value_as_json_between_processes_and_as_itself_in_one(values):
+    """:meth:`Bootstrap.exchange`: every rank gets every rank's value in rank order; a bootstrap
+    that moves bytes (as between processes) sends them as JSON text, equal once read back, and
+    the in-process bootstrap hands over the objects themselves."""
+    from hccc.runtime.bootstrap import Bootstrap
+
+    class Bytes(Bootstrap):          # moves bytes only: the exchange goes through JSON text
+        def __init__(self, inner):
+            self.inner, self.rank, self.world_size = inner, inner.rank, inner.world_size
+
+        def all_gather(self, data, tag):
+            return self.inner.all_gather(data, tag)
+
+    n = len(values)
+    boots = local_bootstraps(n, timeout_s=10)
+    same = _threads(n, lambda r: boots[r].exchange(values[r], "objects"))
+    assert all(got == values and all(g is v for g, v in zip(got, values)) for got in same)
+    text = _threads(n, lambda r: Bytes(boots[r]).exchange(values[r], "text"))
+    assert all(got == values for got in text)
+
+
+@needs_gxx
+def test_a_bootstrap_that_only_moves_bytes_sets_a_job_up(no_leaks):
+    """A caller's bootstrap object without ``exchange`` (rank, world_size, all_gather of bytes):
+    the set-up's values travel as JSON text through its all_gather, the ranks map each other's
+    shared memory as separate processes do, and a call runs."""
+    from hccc.runtime.bootstrap import exchange
+    from hccc.runtime.communicator import Communicator
+
+    class Bytes:
+        def __init__(self, inner):
+            self.inner, self.rank, self.world_size = inner, inner.rank, inner.world_size
+
+        def all_gather(self, data, tag):
+            return self.inner.all_gather(data, tag)
+
+        def fail(self, reason):
+            self.inner.fail(reason)
+
+        def close(self):
+            pass
+
+    boots = local_bootstraps(2, timeout_s=20)
+    assert _threads(2, lambda r: exchange(Bytes(boots[r]), {"r": [r]}, "t")) == [[{"r": [0]}, {"r": [1]}]] * 2
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    comms = _threads(2, lambda r: Communicator(ir, bootstrap=Bytes(boots[r]), timeout_s=20))
+    try:
+        assert all(isinstance(c, Communicator) for c in comms), comms
+        assert all(c._owned.imported for c in comms)        # mapped by handle, not taken by address
+        got = _threads(2, lambda r: comms[r].all_reduce(np.full(8, r + 1, np.float32)))
+        assert all(np.array_equal(g, np.full(8, 3, np.float32)) for g in got), got
+    finally:
+        for c in comms:
+            if isinstance(c, Communicator):
+                c.close()
+
+
 def test_a_rank_that_never_arrives_is_named():
     boots = local_bootstraps(3, timeout_s=0.3)
     got = _threads(2, lambda r: boots[r].all_gather(b"x", "handles"))
@@ -427,23 +492,128 @@ def test_a_rank_that_fails_before_a_launch_together_is_named_by_every_peer():
 @needs_gxx
 @settings(max_examples=4)
 @given(alg=valid_programs(list(SPECS), max_ranks=4, min_ranks=2), count=st.integers(0, 300),
-       dtype=st.sampled_from(["float32", "int32"]), op=st.sampled_from(["sum", "max", "min"]),
-       how=st.sampled_from([{}, {"direct": True}, {"one_grid": True}]))
-def test_a_jobs_run_is_the_runners_run(alg, count, dtype, op, how):
+       dtype=st.sampled_from(["float32", "int32", "bfloat16"]), op=st.sampled_from(["sum", "max", "min"]),
+       how=st.sampled_from([{}, {"direct": True}, {"one_grid": True}]),
+       call=st.fixed_dictionaries({"inplace": st.booleans(), "proto": st.sampled_from(["simple", "ll"]),
+                                   "slice_bytes": st.sampled_from(["auto", 16, 48]),
+                                   "checks": st.integers(1, 2), "nthreads": st.sampled_from([None, 1, 3])}))
+def test_a_jobs_run_is_the_runners_run(alg, count, dtype, op, how, call):
     """One call through the job's path (every rank a Communicator, in threads) and through the
-    single-process runner, on the same inputs: both checked by the oracle, their outputs equal."""
+    single-process runner, on the same inputs, with the same per-call options (in place,
+    protocol, slice, checked calls): both checked by the oracle, their outputs equal; a placement
+    the program cannot take refused by both alike."""
     from hccc.runtime.launcher import Runner
     from hccc.runtime.local_job import LocalJob
     ir = build_program(alg, chunk_bytes=64)
-    with LocalJob(ir, timeout_s=30, dtype=dtype, op=op) as job:
-        got = job.run(count, dtype=dtype, op=op, seed=count, warmup=1, iters=2, **how)
-    assert got.ok, (got.stuck, got.first_wrong)
-    assert got.iters == 2 and got.time_us > 0
     with Runner(ir, "cpu", dtype, op) as runner:
-        want = runner.run(count=count, seed=count, keep_outputs=True)
-    assert want.ok and want.count == got.count
+        try:
+            want = runner.run(count=count, seed=count, keep_outputs=True, **call)
+        except ValueError as exc:
+            refused = str(exc)
+        else:
+            refused = None
+    with LocalJob(ir, timeout_s=30, dtype=dtype, op=op) as job:
+        blocks = [c.block for c in job.comms]
+        if refused is not None:
+            with pytest.raises(ValueError) as err:
+                job.run(count, dtype=dtype, op=op, seed=count, **call, **how)
+            assert str(err.value) == refused
+            return
+        got = job.run(count, dtype=dtype, op=op, seed=count, warmup=1, iters=2, **call, **how)
+        assert all(c.proto == "auto" and c._slice_request == "auto" for c in job.comms)   # (for this run only)
+        assert [c.block for c in job.comms] == blocks
+    assert got.ok, (got.stuck, got.first_wrong)
+    assert got.iters == 2 and got.time_us > 0 and got.checks == want.checks == call["checks"]
+    assert want.ok and want.count == got.count and got.inplace == call["inplace"]
+    assert (got.proto, got.slice_bytes, got.nthreads) == (want.proto, want.slice_bytes, want.nthreads)
     for r, (g, w) in enumerate(zip(got.outputs, want.outputs)):
-        assert np.array_equal(g, w, equal_nan=dtype == "float32"), f"rank {r}"
+        assert np.array_equal(g, w, equal_nan=dtype != "int32"), f"rank {r}"
+
+
+@needs_gxx
+@pytest.mark.parametrize("how", [{"together": False}, {"one_grid": True}])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_jobs_bfloat16_run_hands_the_ranks_torch_tensors_and_is_the_runners(how, inplace):
+    """bfloat16, which numpy cannot hold: the ranks get torch bfloat16 tensors over the bit
+    patterns, the outputs come back as the oracle sees them (float32), equal to the runner's."""
+    pytest.importorskip("torch")
+    from hccc.runtime.launcher import Runner
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30, dtype="bfloat16") as job:
+        got = job.run(101, dtype="bfloat16", seed=5, inplace=inplace, **how)
+    with Runner(ir, "cpu", "bfloat16", "sum") as runner:
+        want = runner.run(count=101, seed=5, inplace=inplace, keep_outputs=True)
+    assert got.ok and want.ok, (got.stuck, got.first_wrong)
+    assert all(g.dtype == np.float32 and np.array_equal(g, w) for g, w in zip(got.outputs, want.outputs))
+
+
+@needs_gxx
+@pytest.mark.parametrize("one_grid", [False, True])
+def test_a_run_whose_blocks_cannot_all_be_resident_is_refused_before_any_call(one_grid):
+    """Threads per block asked for one run: where a rank's blocks (or the one grid's) would not all
+    fit at once, the run is refused before any call, naming what is needed and what fits."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        fit = job.comms[0]._pf.max_threads
+        calls = []
+        job.collective = lambda *a, **k: calls.append(a)
+        with pytest.raises(ValueError, match="resident at once; at most 0 fit"):
+            job.run(8, nthreads=fit + 1, one_grid=one_grid)
+        with pytest.raises(ValueError, match="nthreads must be positive"):
+            job.run(8, nthreads=0)
+        assert calls == []
+
+
+@needs_gxx
+def test_a_kernel_past_the_jobs_watchdog_is_aborted_and_a_runs_timeout_is_the_kernels_own():
+    """A deadlock whose kernels would spin for a minute: the host's limit per kernel run
+    (``watchdog_s``) aborts them within it and says so; a run's ``timeout_s`` (the kernels' own
+    spin-wait limit, for that run only) makes them report where they stuck; the job runs again."""
+    from codegen_irs import stuck_ir
+    from hccc.runtime.local_job import LocalJob
+    with LocalJob(stuck_ir(), timeout_s=20, kernel_timeout_s=60, nthreads=2, watchdog_s=0.5) as job:
+        t0 = time.monotonic()
+        res = job.run(16)
+        assert time.monotonic() - t0 < 15 and not res.ok
+        assert "kernel still running after 0.5 s" in res.stuck, res.stuck
+        for c in job.comms:
+            c.watchdog_s = None
+        res = job.run(16, timeout_s=0.3)
+        assert [c.kernel_timeout_s for c in job.comms] == [60, 60]
+        assert re.search(r"rank [01], TB 0 stuck in recv for chunk [01] \(micro-batch 0\)", res.stuck), res.stuck
+
+
+@needs_gxx
+@pytest.mark.parametrize("codegen", ["specialized", "table"])
+def test_a_jobs_fifos_grow_on_every_rank_and_its_calls_go_on(codegen):
+    """FIFOs made small (a per-connection budget of 32-byte slots) and grown for larger
+    slots: every rank's FIFOs and connection tables are new, each rank's tables point into its
+    peers' new FIFOs, calls before and after (Simple and LL, which zeroes the new slots) are the
+    collective's definition; growth never shrinks and stops at the compiled slot."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=1024)
+    x = [np.arange(300, dtype=np.float32) * (r + 1) for r in range(3)]
+    want = sum(x)
+    with LocalJob(ir, timeout_s=30, fifo_bytes=256, codegen=codegen) as job:
+        small = job.fifo_capacity
+        assert small < 1024
+        assert all(np.array_equal(g, want) for g in job.collective(x, 300))
+        before = [(c._mem.ctrl, c._mem.slots) for c in job.comms]
+        job.fit_fifos(small)                      # (already so: nothing happens)
+        assert [(c._mem.ctrl, c._mem.slots) for c in job.comms] == before
+        job.fit_fifos(10 ** 6)                    # (the compiled slot at most)
+        assert job.fifo_capacity == 1024 and all(c.chunk_bytes == 1024 for c in job.comms)
+        for c in job.comms:
+            for j, (peer, ch) in enumerate(c._plans[c.rank].send_conns):
+                k = job.comms[peer]._plans[peer].recv_index(c.rank, ch)
+                if k is not None:   # a send's FIFO is the receiver's new one
+                    assert c._mem.send_conns[j][0] == job.comms[peer]._mem.slots + k * c._plans[peer].fifo_bytes
+        for proto in ("simple", "ll", "simple"):
+            res = job.run(300, proto=proto)
+            assert res.ok and res.proto == proto, (res.stuck, res.first_wrong)
+        assert all(np.array_equal(g, want) for g in job.collective(x, 300, together=True))
 
 
 @needs_gxx
@@ -463,8 +633,6 @@ def test_a_jobs_run_counts_what_the_oracle_does_not_expect():
         res = job.run(99, dtype="int32")
     assert res.stuck is None and res.wrong == 0 and res.collective_wrong > 0 and not res.ok
     assert "allreduce needs" in res.first_wrong
-    with pytest.raises(ValueError, match="no bfloat16"):
-        LocalJob.run(job, 8, dtype="bfloat16")
 
 
 @needs_gxx
@@ -494,14 +662,25 @@ def test_a_stuck_run_is_reported_and_the_job_runs_again():
 
 
 @needs_gxx
-def test_ranks_in_threads_reach_each_others_memory_without_mapping_it():
-    """In-process ranks exchange pointers: no rank maps a peer's control block, FIFOs or flags
-    (only host segments, which every rank shares as in separate processes), and the calls run."""
+def test_ranks_in_threads_reach_each_others_memory_without_mapping_it(monkeypatch):
+    """In-process ranks exchange pointers and objects: nothing is exported, named in /dev/shm or
+    mapped (shared memory refused outright during the set-up and the calls), every rank takes
+    each peer's host segment as the peer's own object and its flags by address, and the calls
+    run."""
+    from hccc.runtime import shm
     from hccc.runtime.local_job import LocalJob
+
+    def refused(*args, **kwargs):
+        raise AssertionError("ranks in one process made or mapped POSIX shared memory")
+    monkeypatch.setattr(shm, "create", refused)
+    monkeypatch.setattr(shm, "attach", refused)
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
     with LocalJob(ir, timeout_s=30) as job:
-        assert all(c._owned.imported == [] for c in job.comms)
+        assert all(c._owned.imported == [] and c._owned.segments_own == [] for c in job.comms)
         assert all(set(c._owned.peer_flags) == {0, 1, 2} - {c.rank} for c in job.comms)
+        assert all(c._owned.peer_flags[p.rank] == p._owned.flags_ptr
+                   for c in job.comms for p in job.comms if p is not c)
+        assert all(c._hosts.peers[p.rank] is p._hosts.own for c in job.comms for p in job.comms if p is not c)
         got = job.collective([np.full(30, r + 1, np.float32) for r in range(3)], 30)
         assert all(np.array_equal(g, np.full(30, 6, np.float32)) for g in got)
 
