@@ -57,7 +57,8 @@ def launch_proto(ir: ProgramIR, proto: str, nbytes: int, chunk_bytes: int,
     """The FIFO protocol a launch of ``nbytes`` (full buffer) runs under ``proto`` = ``"auto"`` |
     ``"simple"`` | ``"ll"`` (:func:`hccc.compiler.backend.abi.resolve_proto`), and why LL fell back to
     Simple when it did (None otherwise). LL halves what a slot carries, so an MSCCL import proven only
-    with one micro-batch per chunk keeps Simple, and so does a slot whose share is under 16 bytes.
+    with one micro-batch per chunk keeps Simple, and so does a slot whose share's half is under 16
+    bytes (no 16-byte slice fits it: :func:`hccc.compiler.backend.abi.ll_share_bytes`).
     The one rule for every launcher (:class:`~hccc.runtime.launcher.Runner`, :class:`~hccc.runtime.communicator.Communicator`;
     the C++ host API's ``hccc_host_proto`` is its transcription). An LL launch runs without direct
     mode (:meth:`~hccc.runtime.launcher.Runner.run`): a direct write lands in the receiver's own buffer, which has no room
@@ -72,7 +73,8 @@ def launch_proto(ir: ProgramIR, proto: str, nbytes: int, chunk_bytes: int,
         return "simple", (f"{ir.name} is proven with one micro-batch per chunk only (an MSCCL import): "
                           "LL's half-size slots would cut it, so it runs Simple")
     if abi.ll_share_bytes(slot_share_bytes(chunk_bytes, ir.max_step_chunks)) == 0:
-        return "simple", f"a slot share under 16 bytes holds no whole LL lines: {ir.name} runs Simple"
+        return "simple", (f"a slot share of {slot_share_bytes(chunk_bytes, ir.max_step_chunks)} bytes "
+                          f"leaves LL under 16 bytes, no whole slice: {ir.name} runs Simple")
     return "ll", None
 
 

@@ -36,6 +36,7 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.channels import with_channels
 from hccc.runtime import reference
 from hccc.runtime.launcher import Runner
+from hccc.compiler.passes.slicing import slot_share_bytes
 from hccc.runtime.rank_memory import launch_proto
 from conftest import examples, harness_library
 from hccc.testing import KernelCase, describe_failure, kernel_cases, run_case, valid_programs
@@ -314,8 +315,22 @@ def test_auto_picks_ll_up_to_the_crossover_and_imports_fall_back():
         launch_proto(ir, "fast", 16, 1024)
     proto, why = launch_proto(dataclasses.replace(ir, origin=dataclasses.replace(ir.origin, execution="algorithm")), "ll", 16, 1024)
     assert proto == "simple" and "one micro-batch per chunk" in why
-    assert abi.ll_share_bytes(15) == 0 and abi.ll_share_bytes(16) == 8 and abi.ll_share_bytes(96) == 48
-    assert abi.ll_share_bytes(80) == 32
+    assert abi.ll_share_bytes(15) == 0 and abi.ll_share_bytes(16) == 0 and abi.ll_share_bytes(31) == 0
+    assert abi.ll_share_bytes(32) == 16 and abi.ll_share_bytes(96) == 48 and abi.ll_share_bytes(80) == 32
+
+
+@pytest.mark.parametrize("proto", ["ll", "auto"])
+def test_a_slot_whose_ll_half_holds_no_slice_runs_simple(proto):
+    """16-byte chunks: LL's half of a slot share (8 bytes) holds no 16-byte slice, so an LL or
+    auto launch runs Simple and says why (it raised in the slice model before), with the right
+    result."""
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=16)
+    share = slot_share_bytes(16, ir.max_step_chunks)
+    got, why = launch_proto(ir, proto, 256, 16)
+    assert got == "simple" and f"share of {share} bytes" in why
+    with Runner(ir, "cpu", "float32", "sum") as runner:
+        res = runner.run(256, proto=proto)
+    assert res.proto == "simple" and res.wrong == 0 and res.stuck is None, res
 
 
 # ---------------------------------------------------------------------------- random programs (slow)

@@ -97,13 +97,11 @@ LL_AUTO_MAX_BYTES = 256 * 1024
 
 def ll_share_bytes(share: int) -> int:
     """Data bytes one chunk's region carries under LL, given its Simple share (``HCCC_SHARE_BYTES``):
-    half of it, rounded down to 16 bytes when at least 16; 0 when the share is under 16 bytes (the
-    launch then keeps Simple: a region must hold whole, 8-byte aligned lines)."""
-    share = int(share)
-    if share < 16:
-        return 0
-    half = share // 2
-    return half // 16 * 16 if half >= 16 else half
+    half of it, rounded down to 16 bytes; 0 when that half is under 16 bytes (the launch then keeps
+    Simple: a slice is a multiple of 16 bytes, ``slicing.SLICE_ALIGN``, so a region carrying less
+    holds no slice)."""
+    half = int(share) // 2
+    return half // 16 * 16 if half >= 16 else 0
 
 
 def ll_flag(k: int, epoch: int) -> int:
