@@ -90,7 +90,8 @@ exec /usr/bin/time -a -o "$out" -f "%U %S $*" "$@"
 """
 
 
-def build(algo: Path, platform: str, jobs: int, tmp: Path, console: Console) -> dict:
+def build(algo: Path, platform: str, jobs: int, tmp: Path, console: Console, make_vars: tuple[str, ...] = ()) -> dict:
+    """``make -jJOBS`` of ``algo``'s table-mode output (``make_vars``: e.g. ``HCCC_DTYPES=uint8``)."""
     from hccc.compiler.backend.table_units import default_units
     out = tmp / "k"
     res = subprocess.run([sys.executable, "-m", "hccc", str(algo), "--target", platform, "--codegen", "table",
@@ -104,8 +105,8 @@ def build(algo: Path, platform: str, jobs: int, tmp: Path, console: Console) -> 
     compiler = {"cuda": ("NVCC", "nvcc"), "hip": ("HIPCC", "hipcc")}[platform]
     load0 = os.getloadavg()
     c0, t0 = _children_cpu(), time.perf_counter()
-    res = subprocess.run(["make", f"-j{jobs}", "-C", str(out), f"{compiler[0]}={wrap} {log} {compiler[1]}"],
-                         capture_output=True, text=True)
+    res = subprocess.run(["make", f"-j{jobs}", "-C", str(out), f"{compiler[0]}={wrap} {log} {compiler[1]}",
+                          *make_vars], capture_output=True, text=True)
     wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
     if res.returncode != 0:
         raise SystemExit(f"make failed:\n{res.stderr[-3000:]}")
