@@ -9,7 +9,7 @@ parsed, the host pass, the functions every kernel calls): the instances are deal
 the largest first, each to the unit with the least so far (longest processing time first), and the
 units are numbered largest first, the order ``make`` starts them in. So ``make -j2`` keeps both cores
 busy to the end; with element types as units (7 units of 4 or 5 instances, before) the last unit
-compiled alone for a third of the build.
+compiled alone for about a quarter of the build.
 
 A build that enables fewer instances (``HCCC_DTYPES`` / ``HCCC_OPS``) compiles the units holding one
 of them, each with the enabled ones only (:func:`enabled_units`; the emitted Makefile and CMake files
@@ -28,7 +28,9 @@ from hccc.util import dtypes as dtypes_table
 
 #: translation units of the generic library: two per core of a ``make -j2`` build (two rounds of
 #: two balanced units; a build with more cores runs them all at once), each unit's fixed cost
-#: (:data:`UNIT_COST_S`) paid four times instead of seven
+#: (:data:`UNIT_COST_S`) paid four times instead of seven. (Two units measured the same CPU seconds
+#: for HM AllReduce 4x8's ``make -j2``, 61.0 against 61.5, and a longer wall: ``make`` balances four
+#: units where the model is off; benchmarks/table_build.py.)
 UNITS = 4
 #: CPU seconds of a unit with no instance enabled (nvcc, sm_90; the measurement above)
 UNIT_COST_S = 1.27
