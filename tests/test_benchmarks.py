@@ -411,3 +411,21 @@ def test_synth_scale_end_to_end_synthesises_then_compiles_each_collective(tmp_pa
         assert r["total_cpu_s"] == pytest.approx(r["synth_cpu_s"] + r["compile_cpu_s"], abs=0.11)
         assert r["within_target"] == (r["total_cpu_s"] <= mod.END_TO_END_TARGET)
         assert any((tmp_path / f"{r['collective']}_8").iterdir())
+
+
+@pytest.mark.slow
+def test_table_build_times_each_unit_of_the_make(tmp_path):
+    """table_build's build: the Makefile's compiler wrapped in a timer, one row per unit compiled
+    (here the one unit holding uint8 prod), its modelled cost beside it."""
+    from rich.console import Console
+    from hccc.compiler.backend.table_units import default_units
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    tb = _load("table_build")
+    r = tb.build(ROOT / "examples" / "ring_allreduce_8.rccl", "cuda", 2, tmp_path, Console(quiet=True),
+                 ("HCCC_DTYPES=uint8", "HCCC_OPS=prod"))
+    holder = [u for u in default_units() if ("uint8", "prod") in u.instances]
+    assert list(r["units"]) == [holder[0].source("cuda")]
+    unit = r["units"][holder[0].source("cuda")]
+    assert unit["cpu_s"] > 0 and unit["model_s"] == round(holder[0].cost_s, 2)
+    assert r["cpu_s"] >= unit["cpu_s"] and r["wall_s"] > 0

@@ -18,7 +18,7 @@ CODEGENS = ("specialized", "table")
 def planned_outputs(name: str, platforms: list, codegen: str = "specialized") -> list[str]:
     """Sorted file names ``generate`` (specialised) or ``generate_table`` (table) writes for a
     program ``name`` whose rank ``r`` gets the sources ``platforms[r]`` (a name or a tuple)."""
-    from hccc.compiler.backend.table_codegen import GENERIC_SOURCE, LIBRARY_UNITS, TABLE_HEADERS
+    from hccc.compiler.backend.table_codegen import GENERIC_SOURCE, LIBRARY_UNITS, TABLE_HEADERS, UNITS_CMAKE
 
     if codegen not in CODEGENS:
         raise ValueError(f"unknown codegen {codegen!r} (expected one of {', '.join(CODEGENS)})")
@@ -26,7 +26,7 @@ def planned_outputs(name: str, platforms: list, codegen: str = "specialized") ->
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in plats)]
     files = ["manifest.json", "CMakeLists.txt", "Makefile"]
     if codegen == "table":
-        files += list(TABLE_HEADERS) + [f"{name}.table"] + [GENERIC_SOURCE[pl] for pl in present]
+        files += list(TABLE_HEADERS) + [f"{name}.table", UNITS_CMAKE] + [GENERIC_SOURCE[pl] for pl in present]
         files += [src for pl in present for src in LIBRARY_UNITS[pl]]
     else:
         files += list(HEADERS) + [HOST_HEADER, f"{name}.ir.json"]
@@ -41,7 +41,7 @@ def planned_sources(name: str, platforms: list, codegen: str, platform: str) -> 
     """The translation units of ``platform``'s library among :func:`planned_outputs`: one per
     rank of that platform (specialised; the umbrella source that includes them all is left out, and
     so is the one-grid entry, which compiles only in one unit after every rank's source: the
-    runtime's single-GPU module) or the generic kernels' units, one per element type (table)."""
+    runtime's single-GPU module) or the generic kernels' units (table: :mod:`hccc.compiler.backend.table_units`)."""
     from hccc.compiler.backend.table_codegen import LIBRARY_UNITS
 
     if platform not in PLATFORMS:

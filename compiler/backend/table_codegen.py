@@ -21,6 +21,7 @@ from hccc.compiler.backend.codegen import (DTYPES, EXT, HEADERS, NSLOTS, PLATFOR
                                            analyse, buffer_bases, channel_count, manifest_text,
                                            prepare_output, program_stats, threads_per_tb)
 from hccc.compiler.backend.prim_fields import PD_FIELDS, pd_columns
+from hccc.compiler.backend.table_units import default_units
 from hccc.compiler.ir.program_ir import ProgramIR
 
 #: the table mode's headers (the specialised ones plus the table decoder)
@@ -29,10 +30,16 @@ TABLE_HEADERS = HEADERS + ("hccc_table.h",)
 GENERIC_SOURCE = {pl: f"hccc_table.{EXT[pl]}" for pl in PLATFORMS}
 GENERIC_LIBRARY = {pl: f"hccc_table_{pl}" for pl in PLATFORMS}
 GENERIC_KERNEL = "hccc_table"
-#: the libraries' translation units: one per element type (``hccc_table_<dtype>.cu``: the generic
-#: source with that type alone enabled, without the one-grid entries), so that ``make -jN`` builds in
-#: parallel; a build compiles the units of the element types it enables (HCCC_DTYPES)
-LIBRARY_UNITS = {pl: tuple(f"hccc_table_{dt}.{EXT[pl]}" for dt, _ in DTYPES) for pl in PLATFORMS}
+#: the libraries' translation units (``hccc_table_unit<i>.cu``: the generic source with a fixed set
+#: of instances, without the one-grid entries; :mod:`hccc.compiler.backend.table_units`: every
+#: instance in one unit, the units balanced by the device compiler's cost, the largest first), so
+#: that ``make -jN`` builds in parallel to the end; a build compiles the units holding an instance it
+#: enables (HCCC_DTYPES x HCCC_OPS)
+UNITS = default_units()
+LIBRARY_UNITS = {pl: tuple(u.source(pl) for u in UNITS) for pl in PLATFORMS}
+#: the CMake function both CMake builds of the library choose their units with (the emitted
+#: CMakeLists.txt and the package's hccc::table_<platform>)
+UNITS_CMAKE = "hccc_table_units.cmake"
 #: the generic one-grid entry (hccc_table_grid_args: every rank of a single-GPU run in one launch)
 GRID_KERNEL = "hccc_table_grid"
 
@@ -93,12 +100,16 @@ def render_generic(env, platforms: list[str]) -> dict[str, str]:
     }
     tpl = env.get_template("common/table_kernels.j2")
     unit = env.get_template("common/table_unit.j2")
-    names = [dt for dt, _ in DTYPES]
+    ctypes = dict(DTYPES)
     for pl in platforms:
         out[GENERIC_SOURCE[pl]] = tpl.render(version=VERSION, source=GENERIC_SOURCE[pl], platform=pl)
-        for dt, src in zip(names, LIBRARY_UNITS[pl]):
+        for u in UNITS:
+            src = u.source(pl)
             out[src] = unit.render(version=VERSION, source=src, platform=pl, generic=GENERIC_SOURCE[pl],
-                                   dtype=dt, others=[d for d in names if d != dt])
+                                   unit=u, nunits=len(UNITS), ctypes=ctypes,
+                                   unit_dtypes=[d for d, _ in DTYPES if any(d == x for x, _ in u.instances)])
+    out[UNITS_CMAKE] = env.get_template("build/table_units.cmake.j2").render(
+        version=VERSION, units=UNITS, platforms=list(PLATFORMS), ext=EXT)
     return out
 
 
@@ -135,7 +146,8 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
     sources = {pl: list(LIBRARY_UNITS[pl]) for pl in present}
     build_ctx = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks,
                      platforms=present, libraries=libraries, sources=sources,
-                     headers=_unit_depends(present), codegen="table", dtypes=DTYPES, ops=REDOPS)
+                     headers=_unit_depends(present), codegen="table", dtypes=DTYPES, ops=REDOPS,
+                     units=UNITS, units_cmake=UNITS_CMAKE)
     written["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**build_ctx)
     written["Makefile"] = env.get_template("build/Makefile.j2").render(**build_ctx)
     written["manifest.json"] = manifest_text(
@@ -171,7 +183,8 @@ def write_generic_kernels(outdir: pathlib.Path) -> list[pathlib.Path]:
     ctx = dict(version=VERSION, name="table", collective="any algorithm", nranks="any number of",
                platforms=list(PLATFORMS), libraries=dict(GENERIC_LIBRARY),
                sources={pl: list(LIBRARY_UNITS[pl]) for pl in PLATFORMS},
-               headers=_unit_depends(PLATFORMS), codegen="table", dtypes=DTYPES, ops=REDOPS)
+               headers=_unit_depends(PLATFORMS), codegen="table", dtypes=DTYPES, ops=REDOPS,
+               units=UNITS, units_cmake=UNITS_CMAKE)
     files["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**ctx)
     files["Makefile"] = env.get_template("build/Makefile.j2").render(**ctx)
     paths = []
@@ -187,4 +200,4 @@ def write_generic_kernels(outdir: pathlib.Path) -> list[pathlib.Path]:
 
 
 __all__ = ["generate_table", "write_generic_kernels", "table_sections", "render_generic", "TABLE_HEADERS", "GENERIC_SOURCE",
-           "GENERIC_LIBRARY", "GENERIC_KERNEL", "LIBRARY_UNITS"]
+           "GENERIC_LIBRARY", "GENERIC_KERNEL", "LIBRARY_UNITS", "UNITS", "UNITS_CMAKE"]
