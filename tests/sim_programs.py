@@ -1,8 +1,10 @@
 """Test helper: small clusters and hand-made programs for the simulator's closed-form tests
-(tests/test_simulator.py, tests/test_sim_unit_costs.py)."""
+(tests/test_simulator.py, tests/test_sim_unit_costs.py), and a hypothesis strategy of random small
+clusters (:func:`clusters`: tests/test_sim_periodic.py, tests/test_synth_figure.py)."""
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import strategies as st
 
 from hccc.compiler.cluster.topology import TopologyBuilder
 from hccc.compiler.ir.check import check_all, check_structure
@@ -71,3 +73,23 @@ def single_transfer_ir(chunk_bytes=MiB):
     return hand_ir(2, 1, [(0, [(Op.SEND, 1, -1, 0)]), (1, [(Op.RECV, -1, 0, 0)])], chunk_bytes=chunk_bytes)
 
 
+@st.composite
+def clusters(draw, n: int):
+    """``n`` ranks in one or two nodes, every pair linked at a drawn bandwidth and latency, and
+    at most one shared group over some of the links."""
+    b = TopologyBuilder("random")
+    cut = draw(st.integers(1, n)) if n > 1 else n
+    b.add_node("a", cut)
+    if cut < n:
+        b.add_node("b", n - cut)
+    ids = []
+    for u in range(n):
+        for v in range(n):
+            if u != v:
+                bw = draw(st.sampled_from([5, 12.5, 25, 50]))
+                alpha = draw(st.sampled_from([0, 0.5, 2, 6]))
+                ids.append(int(b.add_links([u], [v], b.params("direct", bw, 1, alpha))[0]))
+    if draw(st.booleans()):
+        members = draw(st.lists(st.sampled_from(ids), min_size=2, max_size=min(6, len(ids)), unique=True))
+        b.add_group("switch", "a->b", "g0", members, draw(st.sampled_from([4, 10, 30])), 1, 0)
+    return b.build()

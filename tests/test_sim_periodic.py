@@ -15,6 +15,7 @@ from hccc.runtime.sim_model import geometry
 from hccc.runtime.sim_periodic import PERIODIC_TOLERANCE, cut_geometry, periodic_samples, simulate_periodic
 from hccc.runtime.simulator import prepare, simulate
 from hccc.testing import valid_programs
+from sim_programs import clusters
 
 from conftest import examples
 
@@ -22,26 +23,6 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CLUSTERS = EXAMPLES / "clusters"
 
 
-@st.composite
-def clusters(draw, n: int):
-    """``n`` ranks in one or two nodes, every pair linked at a drawn bandwidth and latency, and
-    at most one shared group over some of the links."""
-    b = TopologyBuilder("random")
-    cut = draw(st.integers(1, n)) if n > 1 else n
-    b.add_node("a", cut)
-    if cut < n:
-        b.add_node("b", n - cut)
-    ids = []
-    for u in range(n):
-        for v in range(n):
-            if u != v:
-                bw = draw(st.sampled_from([5, 12.5, 25, 50]))
-                alpha = draw(st.sampled_from([0, 0.5, 2, 6]))
-                ids.append(int(b.add_links([u], [v], b.params("direct", bw, 1, alpha))[0]))
-    if draw(st.booleans()):
-        members = draw(st.lists(st.sampled_from(ids), min_size=2, max_size=min(6, len(ids)), unique=True))
-        b.add_group("switch", "a->b", "g0", members, draw(st.sampled_from([4, 10, 30])), 1, 0)
-    return b.build()
 
 
 def test_cut_geometry_keeps_the_slice_and_each_chunks_last_slice():

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
-from test_sim_periodic import clusters
+from sim_programs import clusters
 from hccc.cli import main
 from hccc.compiler.passes.build import build_program
 from hccc.runtime.simulator import prepare, simulate
