@@ -93,3 +93,22 @@ def clusters(draw, n: int):
         members = draw(st.lists(st.sampled_from(ids), min_size=2, max_size=min(6, len(ids)), unique=True))
         b.add_group("switch", "a->b", "g0", members, draw(st.sampled_from([4, 10, 30])), 1, 0)
     return b.build()
+
+
+def periodic_call(data, min_micro_batches: int):
+    """Draw a call for the periodic simulation's tests: a random valid program of a tree collective
+    (2-6 ranks, 1 or 2 channels, 256-byte chunks) prepared on a random cluster (:func:`clusters`),
+    and a size of ``min_micro_batches`` to 160 micro-batches a chunk, a few bytes short or not.
+    Returns (prepared program, cluster, bytes)."""
+    from hccc.compiler.passes.build import build_program
+    from hccc.runtime.simulator import prepare
+    from hccc.testing import valid_programs
+    alg = data.draw(valid_programs(["allgather", "reducescatter", "allreduce", "broadcast"], max_ranks=6,
+                                   min_ranks=2), label="algorithm")
+    topo = data.draw(clusters(alg.header.nranks), label="cluster")
+    ir = build_program(alg, chunk_bytes=256)
+    ir.nchannels = data.draw(st.sampled_from([1, 2]), label="channels")
+    prog = prepare(ir, topo)
+    nmb = data.draw(st.integers(min_micro_batches, 160), label="micro-batches")
+    nbytes = prog.nchunks * 256 * nmb - data.draw(st.sampled_from([0, 4, 100]), label="short by")
+    return prog, topo, nbytes

@@ -12,14 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
-from sim_programs import clusters
+from sim_programs import periodic_call
 from hccc.cli import main
-from hccc.compiler.passes.build import build_program
-from hccc.runtime.simulator import prepare, simulate
+from hccc.runtime.simulator import simulate
 from hccc.runtime.sim_periodic import simulate_periodic
 from hccc import synth_figure
 from hccc.synth_figure import ESTIMATE_FLOOR, estimate_interval, whole_work
-from hccc.testing import valid_programs
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 
@@ -31,14 +29,7 @@ def test_the_estimates_interval_holds_the_whole_calls_time(data):
     time lies inside :func:`estimate_interval`, whose half-width is at least :data:`ESTIMATE_FLOOR`
     of the time; the predicted work of the whole call is within a factor of two of what it took.
     Random programs of the tree collectives on random clusters, many micro-batches a chunk."""
-    alg = data.draw(valid_programs(["allgather", "reducescatter", "allreduce", "broadcast"], max_ranks=6,
-                                   min_ranks=2), label="algorithm")
-    topo = data.draw(clusters(alg.header.nranks), label="cluster")
-    ir = build_program(alg, chunk_bytes=256)
-    ir.nchannels = data.draw(st.sampled_from([1, 2]), label="channels")
-    prog = prepare(ir, topo)
-    nmb = data.draw(st.integers(24, 160), label="micro-batches")
-    nbytes = prog.nchunks * 256 * nmb - data.draw(st.sampled_from([0, 4, 100]), label="short by")
+    prog, topo, nbytes = periodic_call(data, 24)
     found = simulate_periodic(prog, topo, nbytes, slice_bytes=None)
     if not found.extrapolated:
         return
