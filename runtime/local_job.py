@@ -60,7 +60,9 @@ class ThreadRank(Communicator):
     at device scope, as the single-process runner's (system scope made hm_allreduce_4x8's 1 MiB
     launch ten times slower there). Its waits for its kernels synchronize through one thread kept
     for the job's life (:class:`~hccc.runtime.rank_memory.BackgroundSync`), not one per call. The
-    ranks read the generated sources once (``programs``: the job's :class:`SharedPrograms`)."""
+    ranks read the generated sources once (``programs``: the job's :class:`SharedPrograms`), and
+    on the CPU emulation the ranks of one manifest platform run on one Platform object of the job,
+    which loads their library once (as the single-process runner's ranks share theirs)."""
 
     def __init__(self, *args, programs: "SharedPrograms | None" = None, **kwargs):
         self._programs = programs
@@ -70,6 +72,17 @@ class ThreadRank(Communicator):
         if self._programs is None:
             return super()._generated(ir, cache_dir, codegen)
         return self._programs.get(ir, self.rank_platform, cache_dir, codegen)
+
+    def _platform(self, backend, device, cache_dir):
+        if self._programs is None or not (isinstance(backend, str) and backend == "cpu"):
+            return super()._platform(backend, device, cache_dir)
+        shared = self._programs.platform(self.rank_platform[self.rank], cache_dir)
+        return super()._platform(shared, device, cache_dir)
+
+    def _load(self, lib):
+        if self._programs is None:
+            return super()._load(lib)
+        return self._programs.loaded(self._pf, lib)
 
     def _build(self, inst, ranks, scope):
         ident = self._pf.build_identity()
@@ -111,7 +124,7 @@ class LocalJob:
         weakref.finalize(self, self._threads.close)
         shm.reap_stale()     # once for the job (its ranks name no segments of their own)
         boots = local_bootstraps(self.nranks, timeout_s=timeout_s)
-        programs = SharedPrograms()
+        programs = self._programs = SharedPrograms()
         #: the ranks' communicators, in rank order
         self.comms: list[ThreadRank] = []
         made = _together(self.nranks, lambda r: ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s,
@@ -395,6 +408,8 @@ class LocalJob:
                 c._broken = running
         _together(len(comms), lambda r: comms[r].close(), threads=self._threads)
         self._threads.close()
+        if running is None:              # a kernel still running keeps the memory it may touch
+            self._programs.close()
 
     def __enter__(self):
         return self
@@ -409,12 +424,46 @@ class SharedPrograms:
     and code generation, and given to every rank, instead of each rank hashing the program's
     text and reading the manifest itself; and the modules built from them
     (:meth:`Platform.build`'s paths) for platforms of equal :meth:`~Platform.build_identity`,
-    built (or found in the build cache) by the first rank only."""
+    built (or found in the build cache) by the first rank only; and on the CPU emulation one
+    :class:`~hccc.runtime.cpu.CpuPlatform` per manifest platform for all the ranks of the job
+    (:meth:`platform`, closed with the job: :meth:`close`) with each module it loads loaded once
+    (:meth:`loaded`)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._made: dict = {}
         self._modules: dict = {}
+        #: (manifest platform, cache directory) -> the CpuPlatform of those ranks
+        self._platforms: dict = {}
+        #: (id of the platform, module path) -> (platform, the module it loaded)
+        self._loaded: dict = {}
+
+    def platform(self, flavour: str, cache_dir):
+        """The job's CPU emulation of ``flavour`` ("cuda" or "hip") sources, made by the first
+        rank to ask."""
+        key = (flavour, None if cache_dir is None else str(cache_dir))
+        with self._lock:
+            pf = self._platforms.get(key)
+            if pf is None:
+                from hccc.runtime.cpu import CpuPlatform
+                pf = self._platforms[key] = CpuPlatform(source_platform=flavour, cache_dir=cache_dir)
+            return pf
+
+    def loaded(self, pf, lib):
+        """``pf.load(lib)``, once per platform and path."""
+        key = (id(pf), str(lib))
+        with self._lock:
+            got = self._loaded.get(key)
+            if got is None or got[0] is not pf:
+                got = self._loaded[key] = (pf, pf.load(lib))
+            return got[1]
+
+    def close(self) -> None:
+        """Close the platforms made here (after every rank has released its memory)."""
+        with self._lock:
+            pfs, self._platforms, self._loaded = list(self._platforms.values()), {}, {}
+        for pf in pfs:
+            pf.close()
 
     def module(self, key: tuple, prog: GeneratedProgram, build):
         """The path ``build()`` returns for ``key`` (a build of ``prog``'s sources), built once
@@ -584,7 +633,9 @@ class GroupLaunch:
             finally:
                 self._timers[0].stop()
             return
-        self._timers = [c._pf.timer() for c in comms]
+        # one timer per platform object (the ranks of a job may share one: a CPU timer holds back
+        # every launch of its platform until it stops)
+        self._timers = [pf.timer() for pf in {id(c._pf): c._pf for c in comms}.values()]
         for t in self._timers:
             t.start()
         try:

@@ -133,7 +133,7 @@ class ProcessRank:
             pf, prog = self._pf, self._prog
             ranks, scope = self._library()
             lib = self._build(Instance(dtype, op), ranks, scope)
-            fn = pf.load(lib).function(prog.kernel_symbol(self.rank, dtype, op))
+            fn = self._load(lib).function(prog.kernel_symbol(self.rank, dtype, op))
             if self._auto_threads and self.grid > 0:   # fewer threads per block until the grid fits
                 flavour = self.rank_platform[self.rank]
                 self.block, note = fit_block_threads(
@@ -154,6 +154,10 @@ class ProcessRank:
     def _build(self, inst: Instance, ranks: list[int], scope: dict):
         """The module of ``ranks``' kernels for ``inst`` (:meth:`Platform.build`)."""
         return self._pf.build(self._prog.gendir, self._prog.manifest, inst, ranks=ranks, **scope)
+
+    def _load(self, lib):
+        """The module at ``lib`` (a :meth:`_build` path), loaded by this rank's platform."""
+        return self._pf.load(lib)
 
     def _library(self) -> tuple[list[int], dict]:
         """The ranks whose kernels this rank's library holds and its memory scope
