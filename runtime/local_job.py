@@ -47,6 +47,7 @@ from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.memory_limits import check_fifo_memory
 from hccc.runtime.kernel_abi import Args
+from hccc.runtime.kernel_errors import IGNORES_ABORT
 from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, check_placement, program_layout
 from hccc.runtime.platform import Instance
 from hccc.runtime.rank_memory import BackgroundSync, LaunchCall, grid_argument
@@ -402,7 +403,7 @@ class LocalJob:
         each other's memory as it is (no mapping of their own keeps it), and that kernel may
         still touch any of it."""
         comms, self.comms = self.comms, []
-        running = next((c._broken for c in comms if c._broken and "ignores the abort flag" in c._broken), None)
+        running = next((c._broken for c in comms if c._broken and IGNORES_ABORT in c._broken), None)
         if running is not None:
             for c in comms:
                 c._broken = running

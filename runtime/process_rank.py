@@ -18,6 +18,7 @@ from hccc.compiler.backend.abi import resolve_proto
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.runtime.alltoallv_call import RankAllToAllv, Staging
 from hccc.runtime.host_segment import HostSegments, call_type
+from hccc.runtime.kernel_errors import IGNORES_ABORT
 from hccc.runtime.kernel_wait import wait_for_kernel
 from hccc.runtime.launcher import ELEMENT_BYTES, program_layout
 from hccc.runtime.rank_kernels import fit_block_threads
@@ -200,7 +201,7 @@ class ProcessRank:
         ``seq`` and call ``calls``, the most any rank reached, with the LL slots zeroed at the
         next LL call (the failed call may have left anything in them). A kernel that ignores the
         abort flag may still run: that rank stays unusable."""
-        if self._closed or (self._broken and "ignores the abort flag" in self._broken):
+        if self._closed or (self._broken and IGNORES_ABORT in self._broken):
             raise CommunicatorError(f"rank {self.rank}: cannot run again: "
                                     f"{self._broken or 'the communicator is closed'}")
         self._broken = None
@@ -365,7 +366,7 @@ class ProcessRank:
         if self._hosts is not None:
             self._hosts.close()
             self._hosts = None
-        kernel_running = bool(self._broken and "ignores the abort flag" in self._broken)
+        kernel_running = bool(self._broken and IGNORES_ABORT in self._broken)
         if self._sync is not None:
             self._sync.close()
         if self._owned is not None:
