@@ -138,6 +138,9 @@ class LocalJob:
             raise _job_error(errors, "setting up")
         for c in self.comms:
             c.watchdog_s = watchdog_s
+        #: :meth:`run` grows the FIFOs to what each call needs (:meth:`fit_fifos`) where they can
+        #: grow: every rank's memory taken by address (the CPU emulation)
+        self.grow_fifos = all(c._owned.private for c in self.comms)
 
     def each(self, step) -> list:
         """``step(rank, communicator)`` on every rank at once, one thread each; the results in rank
@@ -242,7 +245,8 @@ class LocalJob:
         before any call. So do ``nthreads`` (threads per block; None: each rank's own), refused
         before any call where a rank's blocks would not all be resident at once
         (:meth:`check_threads`), and ``timeout_s`` (the kernels' own spin-wait limit; None: the
-        ranks' ``kernel_timeout_s``)."""
+        ranks' ``kernel_timeout_s``). The FIFOs first grow to the slots the call needs where
+        they hold less (:attr:`grow_fifos`, :meth:`fit_fifos`), as the single-process runner's."""
         if iters < 1 or warmup < 0 or checks < 1:
             raise ValueError("iters and checks must be >= 1 and warmup >= 0")
         spec = SPECS[self.ir.collective]
@@ -250,6 +254,11 @@ class LocalJob:
         count = reference.alltoall_count(int(count), count_unit(self.ir))
         c0 = self.comms[0]
         proto = c0.proto if proto is None else proto
+        if self.grow_fifos:
+            # the FIFOs grow with the call, as the single-process runner's: to the slot capacity
+            # the call would be planned with through the compiled slot (fit_fifos; never shrunk)
+            self.fit_fifos(LaunchCall.plan(self.ir, count, ELEMENT_BYTES[dtype], c0.compiled_chunk_bytes,
+                                           proto=proto, slice_bytes=slice_bytes).slot_cap)
         # the call's protocol and slice checked before any rank makes it (the ranks plan alike)
         LaunchCall.plan(self.ir, count, ELEMENT_BYTES[dtype], c0.chunk_bytes, proto=proto,
                         slice_bytes=slice_bytes, fit_slot=False)

@@ -619,6 +619,30 @@ def test_a_jobs_fifos_grow_on_every_rank_and_its_calls_go_on(codegen):
 
 
 @needs_gxx
+@settings(max_examples=6, deadline=None)
+@given(calls=st.lists(st.tuples(st.integers(1, 1500), st.sampled_from(["simple", "ll", "auto"]),
+                                st.sampled_from(["auto", 16, 64])), min_size=1, max_size=4))
+def test_a_jobs_fifos_grow_with_its_runs_as_the_runners_do(calls):
+    """FIFOs made small grow with each run by themselves to what the call needs, never shrink,
+    exactly as the single-process runner's (its own FIFO book, started at the same capacity); every
+    run is the collective's definition."""
+    from hccc.runtime.launcher import Runner
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=1024)
+    with LocalJob(ir, timeout_s=30, fifo_bytes=256) as job:
+        small = job.fifo_capacity
+        assert job.grow_fifos and small < 1024
+        with Runner(ir, "cpu", "float32", "sum", timeout_s=30, fifo_capacity=small) as runner:
+            assert runner.fifo_capacity == small
+            for count, proto, slice_bytes in calls:
+                res = job.run(count, proto=proto, slice_bytes=slice_bytes)
+                want = runner.run(count=count, proto=proto, slice_bytes=slice_bytes)
+                assert res.ok and want.ok, (res.stuck, want.stuck)
+                assert job.fifo_capacity == runner.fifo_capacity, (count, proto, slice_bytes)
+                assert all(c.chunk_bytes == job.fifo_capacity for c in job.comms)
+
+
+@needs_gxx
 def test_a_jobs_run_counts_what_the_oracle_does_not_expect():
     """A receive that drops a contribution: the job's run reports the wrong elements as the
     runner's does (the reference run of the IR is not the collective)."""
