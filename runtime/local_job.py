@@ -345,13 +345,18 @@ class LocalJob:
 
     def run_v(self, counts, *, sdispls=None, rdispls=None, send_lens=None, recv_lens=None,
               inplace: bool = False, inputs: list | None = None, seed: int = 0, warmup: int = 0,
-              iters: int = 1, keep_outputs: bool = True, dtype: str | None = None) -> RunResult:
+              iters: int = 1, keep_outputs: bool = True, dtype: str | None = None,
+              pass_displs: bool | None = None) -> RunResult:
         """The AllToAll program as an AllToAllv (:mod:`hccc.runtime.alltoallv`), as the
         single-process runner's ``run_v`` takes it: ``counts[s][d]`` elements from rank ``s`` to
         rank ``d``, displacements ``sdispls[s][d]`` / ``rdispls[d][s]`` (None: packed), buffers of
         ``send_lens[r]`` / ``recv_lens[r]`` elements (None: just large enough); ``inputs`` (one
         array per rank, of its send buffer's length) or small integers from ``seed``, of ``dtype``
-        (default the job's, :attr:`dtype`). ``warmup + iters`` calls of every rank's
+        (default the job's, :attr:`dtype`; bfloat16 inputs hold float32 values, rounded, handed to
+        the ranks as torch bfloat16 tensors as :meth:`collective` hands them, the outputs compared
+        as float32). ``pass_displs``: the kernels take the displacements from memory (True; packed
+        where None are given) or take packed ones (False); None: where displacements are given, as
+        the single-process runner's ``run_v``. ``warmup + iters`` calls of every rank's
         :meth:`~hccc.runtime.communicator.Communicator.all_to_all_v` (each rank's counts checked
         by the ranks themselves, compared at the call's barrier), the last one's receive buffers
         compared with :func:`hccc.runtime.alltoallv.expected` (not timed: ``time_us`` is nan).
@@ -368,9 +373,9 @@ class LocalJob:
         send_lens, recv_lens = buffer_lengths(c, sdispls, rdispls, send_lens, recv_lens, inplace)
         sd, rd = av.check_call(c, send_lens, recv_lens, sdispls, rdispls, inplace)
         dtype = self.dtype if dtype is None else dtype
-        if dtype == "bfloat16":
-            raise ValueError("a job's run passes numpy arrays, which hold no bfloat16 (run it through "
-                             "torch tensors)")
+        given = pass_displs if pass_displs is not None else (sdispls is not None or rdispls is not None)
+        # the displacements the ranks pass: the checked ones (packed where None), or None (packed)
+        s_pass, r_pass = (sd, rd) if given else (None, None)
         npdt = np.dtype(dtypes_table.dtype(dtype).numpy)
         if inputs is None:
             rng = np.random.default_rng(seed)
@@ -379,15 +384,17 @@ class LocalJob:
             inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
             if len(inputs) != N or any(len(x) != int(n) for x, n in zip(inputs, send_lens)):
                 raise ValueError("inputs: one array per rank, of its send buffer's length")
-        before = [np.array(inputs[r], copy=True) if inplace else np.full(int(recv_lens[r]), oracle.GARBAGE[dtype], npdt)
-                  for r in range(N)]
+        garbage = (oracle.GARBAGE[dtype], oracle.DEVICE_DTYPE[dtype])
+        before = [np.array(inputs[r], copy=True) if inplace else
+                  oracle.from_device(np.full(int(recv_lens[r]), *garbage), dtype) for r in range(N)]
         want = av.expected([np.array(x) for x in inputs], before, c, sd, rd)
+        as_kernel = _bfloat16_tensor if dtype == "bfloat16" else (lambda a: a)
 
         def step(r, comm):
-            x = np.array(inputs[r], copy=True)
-            out = None if inplace else np.array(before[r], copy=True)
-            comm.all_to_all_v(x, out, c, sdispls=sdispls, rdispls=rdispls)
-            return x if inplace else out
+            x = oracle.to_device(inputs[r], dtype).copy()
+            out = None if inplace else oracle.to_device(before[r], dtype).copy()
+            comm.all_to_all_v(as_kernel(x), None if inplace else as_kernel(out), c, sdispls=s_pass, rdispls=r_pass)
+            return oracle.from_device(x if inplace else out, dtype)
         outs, stuck = None, None
         try:
             for _ in range(warmup + iters):
