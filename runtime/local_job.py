@@ -50,6 +50,7 @@ from hccc.runtime.kernel_abi import Args
 from hccc.runtime.kernel_errors import IGNORES_ABORT
 from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, check_placement, program_layout
 from hccc.runtime.platform import Instance
+from hccc.runtime.rank_platforms import rank_platforms
 from hccc.runtime.rank_memory import BackgroundSync, LaunchCall, grid_argument
 from hccc.util import dtypes as dtypes_table
 
@@ -65,9 +66,20 @@ class ThreadRank(Communicator):
     on the CPU emulation the ranks of one manifest platform run on one Platform object of the job,
     which loads their library once (as the single-process runner's ranks share theirs)."""
 
-    def __init__(self, *args, programs: "SharedPrograms | None" = None, **kwargs):
+    def __init__(self, *args, programs: "SharedPrograms | None" = None, platforms: list[str] | None = None,
+                 **kwargs):
         self._programs = programs
+        #: the manifest platform of every rank where the caller names them (a mixed-vendor
+        #: ProgramIR), else None: the compiled OUTDIR's, or the backend's own
+        self._platforms_given = platforms
         super().__init__(*args, **kwargs)
+
+    def _setup(self, ir, plats, *args, **kwargs):
+        given = self._platforms_given
+        if given is not None and plats is not None and list(plats) != list(given):
+            raise CommunicatorError(f"the rank platforms given ({', '.join(given)}) are not "
+                                    f"the compiled OUTDIR's ({', '.join(plats)})")
+        return super()._setup(ir, plats if given is None else list(given), *args, **kwargs)
 
     def _generated(self, ir, cache_dir, codegen: str):
         if self._programs is None:
@@ -105,14 +117,20 @@ class ThreadRank(Communicator):
 class LocalJob:
     """The ``ir.nranks`` ranks of ``ir`` (a ProgramIR) as communicators in threads of this
     process; ``timeout_s`` bounds the set-up and every call as for a Communicator, ``watchdog_s``
-    each kernel's run (:attr:`~hccc.runtime.process_rank.ProcessRank.watchdog_s`), and every other
+    each kernel's run (:attr:`~hccc.runtime.process_rank.ProcessRank.watchdog_s`), ``platforms``
+    the manifest platform ("cuda" or "hip") of every rank of a mixed-vendor ProgramIR (as the
+    single-process runner takes them: on the CPU emulation the ranks of each platform share one
+    CpuPlatform of the job; default: a compiled OUTDIR's, else the backend's own), and every other
     keyword (``backend``, ``dtype``, ``op``, ``proto``, ``kernel_timeout_s``, ``codegen``,
     ``fifo_bytes``, ...) is given to each rank's :class:`Communicator`. Raises
     :class:`CommunicatorError` naming each rank's failure when a set-up fails; nothing stays
     allocated then."""
 
-    def __init__(self, ir, *, timeout_s: float = 60.0, watchdog_s: float | None = None, **communicator_options):
+    def __init__(self, ir, *, timeout_s: float = 60.0, watchdog_s: float | None = None,
+                 platforms: list[str] | None = None, **communicator_options):
         self.ir, self.nranks = ir, int(ir.nranks)
+        if platforms is not None:      # ValueError naming the rank, before any rank is made
+            platforms = rank_platforms(self.nranks, "cpu", platforms)
         #: the element type the ranks' kernels are built for at set-up (others on first use)
         self.dtype = str(communicator_options.get("dtype", "float32"))
         #: the time of the last call launched together (:meth:`collective`), in microseconds
@@ -129,7 +147,8 @@ class LocalJob:
         #: the ranks' communicators, in rank order
         self.comms: list[ThreadRank] = []
         made = _together(self.nranks, lambda r: ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s,
-                                                           programs=programs, **communicator_options),
+                                                           programs=programs, platforms=platforms,
+                                                           **communicator_options),
                          threads=self._threads)
         self.comms = [c for c, _ in made if c is not None]
         errors = [e for _, e in made]

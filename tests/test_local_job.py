@@ -643,6 +643,33 @@ def test_a_jobs_fifos_grow_with_its_runs_as_the_runners_do(calls):
 
 
 @needs_gxx
+def test_a_mixed_vendor_job_runs_each_platforms_ranks_from_its_own_sources():
+    """A ProgramIR with CUDA and HIP ranks (``platforms``, as the runner takes them): the ranks of
+    each platform share one CPU emulation of that platform's sources, their library holds their
+    kernels only, and the job's runs are the collective's definition; platforms that do not fit
+    the program are refused before any rank is made, naming the entry."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=64)
+    plats = ["cuda", "hip", "hip", "cuda"]
+    x = [np.arange(50, dtype=np.float32) * (r + 1) for r in range(4)]
+    with LocalJob(ir, timeout_s=30, platforms=plats) as job:
+        assert [c.rank_platform[c.rank] for c in job.comms] == plats
+        assert [c._pf.source_platform for c in job.comms] == plats
+        assert len({id(c._pf) for c in job.comms}) == 2
+        assert job.comms[0]._pf is job.comms[3]._pf and job.comms[1]._pf is job.comms[2]._pf
+        libs = [c._kernels[("float32", "sum")].module.path for c in job.comms]
+        assert libs[0] == libs[3] != libs[1] == libs[2]
+        assert all(np.array_equal(g, sum(x)) for g in job.collective(x, 50))
+        for proto in ("simple", "ll"):
+            res = job.run(300, proto=proto)
+            assert res.ok and res.proto == proto, (res.stuck, res.first_wrong)
+    with pytest.raises(ValueError, match="rank 2: unknown platform 'rocm'"):
+        LocalJob(ir, timeout_s=30, platforms=["cuda", "hip", "rocm", "cuda"])
+    with pytest.raises(ValueError, match="3 rank platforms for a program of 4 ranks"):
+        LocalJob(ir, timeout_s=30, platforms=["cuda"] * 3)
+
+
+@needs_gxx
 def test_a_jobs_run_counts_what_the_oracle_does_not_expect():
     """A receive that drops a contribution: the job's run reports the wrong elements as the
     runner's does (the reference run of the IR is not the collective)."""
