@@ -50,6 +50,7 @@ from hccc.runtime.kernel_abi import Args
 from hccc.runtime.kernel_errors import IGNORES_ABORT
 from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, check_placement, program_layout
 from hccc.runtime.platform import Instance
+from hccc.runtime.process_rank import _PLAN_CACHE_MAX
 from hccc.runtime.rank_platforms import rank_platforms
 from hccc.runtime.rank_memory import BackgroundSync, LaunchCall, grid_argument
 from hccc.util import dtypes as dtypes_table
@@ -91,6 +92,17 @@ class ThreadRank(Communicator):
             return super()._platform(backend, device, cache_dir)
         shared = self._programs.platform(self.rank_platform[self.rank], cache_dir)
         return super()._platform(shared, device, cache_dir)
+
+    def _plan_call(self, count: int, es: int):
+        if self._programs is None:
+            return super()._plan_call(count, es)
+        key = ("call", count, es, self._proto, self._slice_request, self.chunk_bytes, self._ll_refused())
+        return self._programs.memo(key, lambda: super(ThreadRank, self)._plan_call(count, es))
+
+    def _layout(self, count: int) -> list:
+        if self._programs is None:
+            return super()._layout(count)
+        return self._programs.memo(("layout", count), lambda: super(ThreadRank, self)._layout(count))
 
     def _load(self, lib):
         if self._programs is None:
@@ -191,7 +203,7 @@ class LocalJob:
         if (direct or one_grid) and not together:
             raise ValueError("direct mode's peers array and the one-grid launch need the ranks launched together")
         spec, method = SPECS[self.ir.collective], METHODS[self.ir.collective]
-        rows = program_layout(self.ir, int(count))
+        rows = self._programs.memo(("layout", int(count)), lambda: program_layout(self.ir, int(count)))
         if inplace:
             check_placement(self.ir, True, rows)
         kwargs = {"op": op} if spec.reduces else {}
@@ -273,14 +285,17 @@ class LocalJob:
         count = reference.alltoall_count(int(count), count_unit(self.ir))
         c0 = self.comms[0]
         proto = c0.proto if proto is None else proto
+        es, memo = ELEMENT_BYTES[dtype], self._programs.memo
         if self.grow_fifos:
             # the FIFOs grow with the call, as the single-process runner's: to the slot capacity
             # the call would be planned with through the compiled slot (fit_fifos; never shrunk)
-            self.fit_fifos(LaunchCall.plan(self.ir, count, ELEMENT_BYTES[dtype], c0.compiled_chunk_bytes,
-                                           proto=proto, slice_bytes=slice_bytes).slot_cap)
-        # the call's protocol and slice checked before any rank makes it (the ranks plan alike)
-        LaunchCall.plan(self.ir, count, ELEMENT_BYTES[dtype], c0.chunk_bytes, proto=proto,
-                        slice_bytes=slice_bytes, fit_slot=False)
+            self.fit_fifos(memo(("fit", count, es, proto, slice_bytes), lambda: LaunchCall.plan(
+                self.ir, count, es, c0.compiled_chunk_bytes, proto=proto, slice_bytes=slice_bytes)).slot_cap)
+        # the call's protocol and slice checked before any rank makes it: the plan every rank
+        # then takes (ThreadRank._plan_call's)
+        memo(("call", count, es, proto, slice_bytes, c0.chunk_bytes, c0._ll_refused()),
+             lambda: LaunchCall.plan(self.ir, count, es, c0.chunk_bytes, proto=proto, slice_bytes=slice_bytes,
+                                     ll_refused=c0._ll_refused(), fit_slot=False))
         if nthreads is not None:
             self.check_threads(int(nthreads), dtype, op, one_grid)
         inputs = oracle.make_inputs(self.ir, count, dtype, op, seed)
@@ -473,6 +488,22 @@ class SharedPrograms:
         self._platforms: dict = {}
         #: (id of the platform, module path) -> (platform, the module it loaded)
         self._loaded: dict = {}
+        #: what every rank of the job's one program computes alike from a call's shape (its
+        #: LaunchCall, the layout rows), computed by the first rank to ask (:meth:`memo`)
+        self._memo: dict = {}
+
+    def memo(self, key: tuple, make):
+        """``make()`` for ``key``, once for the job's ranks (the ranks plan the same calls of the
+        one program; at most :data:`~hccc.runtime.process_rank._PLAN_CACHE_MAX` kept, as a
+        rank keeps its own): immutable values only."""
+        with self._lock:
+            if key in self._memo:
+                return self._memo[key]
+        value = make()               # (outside the lock: a rank that plans blocks no other rank)
+        with self._lock:
+            if len(self._memo) >= _PLAN_CACHE_MAX:
+                self._memo.clear()
+            return self._memo.setdefault(key, value)
 
     def platform(self, flavour: str, cache_dir):
         """The job's CPU emulation of ``flavour`` ("cuda" or "hip") sources, made by the first

@@ -294,18 +294,23 @@ class ProcessRank:
         key = (count, es, self._proto, self._slice_request)
         got = self._call_plans.get(key)
         if got is None:
-            # the FIFOs were exported at set-up with slots of this capacity: every launch keeps it
-            call = LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=self._proto,
-                                   slice_bytes=self._slice_request, ll_refused=self._ll_refused(),
-                                   fit_slot=False)
-            got = self._remember(key, (call, self._layout_row(count)))
+            got = self._remember(key, (self._plan_call(count, es), self._layout_row(count)))
         return got
+
+    def _plan_call(self, count: int, es: int) -> LaunchCall:
+        """The :class:`LaunchCall` of a call of ``count`` elements of ``es`` bytes now."""
+        # the FIFOs were exported at set-up with slots of this capacity: every launch keeps it
+        return LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=self._proto,
+                               slice_bytes=self._slice_request, ll_refused=self._ll_refused(), fit_slot=False)
+
+    def _layout(self, count: int) -> list:
+        """Every rank's layout row at ``count`` (:func:`~hccc.runtime.launcher.program_layout`)."""
+        return program_layout(self.ir, count)
 
     def _layout_row(self, count: int):
         """This rank's (input, output, scratch elements, input offset, output offset) at ``count``."""
         got = self._call_plans.get(("layout", count))
-        return got if got is not None else self._remember(("layout", count),
-                                                          program_layout(self.ir, count)[self.rank])
+        return got if got is not None else self._remember(("layout", count), self._layout(count)[self.rank])
 
     def _remember(self, key, value):
         if len(self._call_plans) >= _PLAN_CACHE_MAX:
