@@ -395,7 +395,8 @@ class LocalJob:
         by the ranks themselves, compared at the call's barrier), the last one's receive buffers
         compared with :func:`hccc.runtime.alltoallv.expected` (not timed: ``time_us`` is nan).
         ValueError (CountsError naming the entry) before any call for counts the buffers cannot
-        take; a failed call is the result's ``stuck`` and the job runs again (:meth:`recover`)."""
+        take; a failed call is the result's ``stuck`` and the job runs again (:meth:`recover`). The
+        FIFOs first grow to what the call needs, as for :meth:`run`."""
         ir, N = self.ir, self.nranks
         if not SPECS[ir.collective].per_pair_counts:
             raise ValueError(f"{ir.name} is a {ir.collective}: per-pair counts need an AllToAll program")
@@ -423,6 +424,14 @@ class LocalJob:
                   oracle.from_device(np.full(int(recv_lens[r]), *garbage), dtype) for r in range(N)]
         want = av.expected([np.array(x) for x in inputs], before, c, sd, rd)
         as_kernel = _bfloat16_tensor if dtype == "bfloat16" else (lambda a: a)
+        c0 = self.comms[0]
+        if self.grow_fifos:
+            # the FIFOs grow to what the ranks' call needs (its count: the scratch slot's blocks,
+            # RankAllToAllv's), as run grows them
+            k = c0._vcalls.tables(bool(inplace))[0].k
+            count = max(av.scratch_slot(c, k), 1) * k * N
+            self.fit_fifos(LaunchCall.plan(ir, count, ELEMENT_BYTES[dtype], c0.compiled_chunk_bytes,
+                                           proto=c0.proto, slice_bytes=c0._slice_request).slot_cap)
 
         def step(r, comm):
             x = oracle.to_device(inputs[r], dtype).copy()
@@ -438,7 +447,6 @@ class LocalJob:
             self.recover()
         wrong, first = oracle.count_wrong(ir.collective, outs, want) if outs is not None else (0, None)
         es = ELEMENT_BYTES[dtype]
-        c0 = self.comms[0]
         per_rank = int(c.sum()) * es // max(N, 1)
         return RunResult(bytes=per_rank, count=per_rank // es, dtype=dtype, op="sum", inplace=bool(inplace),
                          wrong=int(wrong), time_us=float("nan"), stuck=stuck, first_wrong=first,

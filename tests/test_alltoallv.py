@@ -411,6 +411,26 @@ def test_property_a_jobs_alltoallv_in_bfloat16_and_with_displacements_passed(dat
 
 
 @needs_gxx
+def test_a_jobs_alltoallv_grows_its_fifos_to_the_call():
+    """FIFOs made small grow on a job's AllToAllv run to what the call needs (more than they held,
+    at most the compiled slot), never shrink, and every run is the definition."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_alltoall(3), chunk_bytes=4096)
+    rng = np.random.default_rng(5)
+    with LocalJob(ir, timeout_s=30, fifo_bytes=256) as job:
+        small = job.fifo_capacity
+        assert job.grow_fifos and small < 4096
+        for total in (300, 30, 900):
+            c = rng.integers(0, total // 3, size=(3, 3))
+            sends = _inputs(c, "float32", seed=total)
+            before = job.fifo_capacity
+            res = job.run_v(c, inputs=sends)
+            _check(res, sends, c)
+            assert before <= job.fifo_capacity <= 4096
+        assert job.fifo_capacity > small
+
+
+@needs_gxx
 def test_a_jobs_alltoallv_refuses_what_the_buffers_cannot_take_before_any_call():
     from hccc.runtime.local_job import LocalJob
     ir = build_program(gen.ring_alltoall(3))
