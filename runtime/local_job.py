@@ -48,7 +48,7 @@ from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.memory_limits import check_fifo_memory
 from hccc.runtime.kernel_abi import Args
 from hccc.runtime.kernel_errors import IGNORES_ABORT
-from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, check_placement, program_layout
+from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, check_placement, program_layout, run_inputs
 from hccc.runtime.platform import Instance
 from hccc.runtime.process_rank import _PLAN_CACHE_MAX
 from hccc.runtime.rank_platforms import rank_platforms
@@ -260,9 +260,12 @@ class LocalJob:
             together: bool = True, direct: bool = False, one_grid: bool = False, warmup: int = 0,
             iters: int = 1, inplace: bool = False, proto: str | None = None,
             slice_bytes: int | str = "auto", checks: int = 1, keep_outputs: bool = True,
-            nthreads: int | None = None, timeout_s: float | None = None) -> RunResult:
+            nthreads: int | None = None, timeout_s: float | None = None, inputs: list | None = None,
+            check: bool = True) -> RunResult:
         """``warmup + iters`` calls at ``count`` elements of full buffer, each on the oracle's
-        inputs (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``) into garbage outputs
+        inputs (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``; or the caller's ``inputs``,
+        one array per rank laid out as the runner takes them, checked against the program's layout:
+        :func:`~hccc.runtime.launcher.run_inputs`) into garbage outputs
         (``inplace``: the collective's in-place form, as :meth:`collective` places it), launched as
         :meth:`collective` launches (the mean time of the timed ones when launched together), the
         last compared as the single-process runner compares (:func:`hccc.runtime.oracle.compare`),
@@ -277,7 +280,9 @@ class LocalJob:
         before any call where a rank's blocks would not all be resident at once
         (:meth:`check_threads`), and ``timeout_s`` (the kernels' own spin-wait limit; None: the
         ranks' ``kernel_timeout_s``). The FIFOs first grow to the slots the call needs where
-        they hold less (:attr:`grow_fifos`, :meth:`fit_fifos`), as the single-process runner's."""
+        they hold less (:attr:`grow_fifos`, :meth:`fit_fifos`), as the single-process runner's.
+        ``check=False``: nothing compared (``collective_wrong`` -1, no oracle, no further checked
+        calls), as the runner's ``run(check=False)``."""
         if iters < 1 or warmup < 0 or checks < 1:
             raise ValueError("iters and checks must be >= 1 and warmup >= 0")
         spec = SPECS[self.ir.collective]
@@ -298,7 +303,8 @@ class LocalJob:
                                      ll_refused=c0._ll_refused(), fit_slot=False))
         if nthreads is not None:
             self.check_threads(int(nthreads), dtype, op, one_grid)
-        inputs = oracle.make_inputs(self.ir, count, dtype, op, seed)
+        rows = memo(("layout", count), lambda: program_layout(self.ir, count))
+        inputs = run_inputs(self.ir, dtype, op, inputs, rows, count, seed)
         device = [oracle.to_device(x, dtype) for x in inputs]
         outs, stuck, times, verdicts = None, None, [], []
         kept = [(c.proto, c._slice_request, c.block, c.kernel_timeout_s) for c in self.comms]
@@ -316,9 +322,10 @@ class LocalJob:
                 outs = call()
                 if together and it >= warmup:
                     times.append(self.last_time_us)
-            verdicts.append(oracle.compare(self.ir, dtype, op, outs, inputs, inplace))
-            for _ in range(checks - 1):
-                verdicts.append(oracle.compare(self.ir, dtype, op, call(), inputs, inplace))
+            if check:
+                verdicts.append(oracle.compare(self.ir, dtype, op, outs, inputs, inplace))
+                for _ in range(checks - 1):
+                    verdicts.append(oracle.compare(self.ir, dtype, op, call(), inputs, inplace))
         except CommunicatorError as exc:
             outs, stuck = None, str(exc)
             self.recover()

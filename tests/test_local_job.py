@@ -551,6 +551,31 @@ def test_a_jobs_bfloat16_run_hands_the_ranks_torch_tensors_and_is_the_runners(ho
 
 
 @needs_gxx
+def test_a_jobs_run_takes_the_callers_inputs_and_may_leave_the_outputs_unchecked():
+    """``inputs`` (one array per rank, laid out as the runner takes them) replace the oracle's:
+    the outputs are the collective's definition on them (a sum over the ranks) and the runner's;
+    inputs that do not fit the layout are refused naming the rank; ``check=False`` compares
+    nothing, as the runner's run(check=False) says it."""
+    from hccc.runtime.launcher import Runner
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    x = [np.random.default_rng(r).integers(-50, 50, 99).astype(np.float32) for r in range(3)]
+    with LocalJob(ir, timeout_s=30) as job, Runner(ir, "cpu", "float32", "sum") as runner:
+        got = job.run(99, inputs=x)
+        want = runner.run(count=99, inputs=x, keep_outputs=True)
+        assert got.ok and want.ok, (got.stuck, got.first_wrong)
+        assert all(np.array_equal(g, sum(x)) and np.array_equal(g, w) for g, w in zip(got.outputs, want.outputs))
+        with pytest.raises(ValueError, match="rank 1: this program's input buffer holds 99 elements"):
+            job.run(99, inputs=[x[0], x[1][:98], x[2]])
+        with pytest.raises(ValueError, match="expected 3 input arrays, got 2"):
+            job.run(99, inputs=x[:2])
+        got, want = job.run(99, check=False), runner.run(count=99, check=False)
+        assert got.stuck is None and got.ok == want.ok
+        assert (got.collective_wrong, got.oracle, got.checks, got.wrong) == (
+            want.collective_wrong, want.oracle, want.checks, want.wrong) == (-1, None, 0, 0)
+
+
+@needs_gxx
 @pytest.mark.parametrize("one_grid", [False, True])
 def test_a_run_whose_blocks_cannot_all_be_resident_is_refused_before_any_call(one_grid):
     """Threads per block asked for one run: where a rank's blocks (or the one grid's) would not all
