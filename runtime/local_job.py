@@ -42,7 +42,7 @@ from hccc.runtime.bootstrap import local_bootstraps
 from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
 from hccc.runtime.direct_peers import peers_blob, peers_usable
-from hccc.runtime.generated import GeneratedProgram
+from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.memory_limits import check_fifo_memory
@@ -132,14 +132,18 @@ class LocalJob:
     each kernel's run (:attr:`~hccc.runtime.process_rank.ProcessRank.watchdog_s`), ``platforms``
     the manifest platform ("cuda" or "hip") of every rank of a mixed-vendor ProgramIR (as the
     single-process runner takes them: on the CPU emulation the ranks of each platform share one
-    CpuPlatform of the job; default: a compiled OUTDIR's, else the backend's own), and every other
+    CpuPlatform of the job; default: a compiled OUTDIR's, else the backend's own), ``direct`` the
+    sources' direct mode (``"auto"``: the receives proven safe written by their senders, ``"off"``:
+    every primitive through the FIFO; as the single-process runner's), and every other
     keyword (``backend``, ``dtype``, ``op``, ``proto``, ``kernel_timeout_s``, ``codegen``,
     ``fifo_bytes``, ...) is given to each rank's :class:`Communicator`. Raises
     :class:`CommunicatorError` naming each rank's failure when a set-up fails; nothing stays
     allocated then."""
 
     def __init__(self, ir, *, timeout_s: float = 60.0, watchdog_s: float | None = None,
-                 platforms: list[str] | None = None, **communicator_options):
+                 platforms: list[str] | None = None, direct: str = "auto", **communicator_options):
+        if direct not in DIRECT_MODES:
+            raise ValueError(f"unknown direct mode {direct!r} (expected one of {', '.join(DIRECT_MODES)})")
         self.ir, self.nranks = ir, int(ir.nranks)
         if platforms is not None:      # ValueError naming the rank, before any rank is made
             platforms = rank_platforms(self.nranks, "cpu", platforms)
@@ -155,7 +159,7 @@ class LocalJob:
         weakref.finalize(self, self._threads.close)
         shm.reap_stale()     # once for the job (its ranks name no segments of their own)
         boots = local_bootstraps(self.nranks, timeout_s=timeout_s)
-        programs = self._programs = SharedPrograms()
+        programs = self._programs = SharedPrograms(direct)
         #: the ranks' communicators, in rank order
         self.comms: list[ThreadRank] = []
         made = _together(self.nranks, lambda r: ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s,
@@ -493,9 +497,11 @@ class SharedPrograms:
     built (or found in the build cache) by the first rank only; and on the CPU emulation one
     :class:`~hccc.runtime.cpu.CpuPlatform` per manifest platform for all the ranks of the job
     (:meth:`platform`, closed with the job: :meth:`close`) with each module it loads loaded once
-    (:meth:`loaded`)."""
+    (:meth:`loaded`). ``direct``: the direct mode every program is generated with."""
 
-    def __init__(self):
+    def __init__(self, direct: str = "auto"):
+        #: the direct mode the sources are generated with (:data:`~hccc.runtime.generated.DIRECT_MODES`)
+        self.direct = direct
         self._lock = threading.Lock()
         self._made: dict = {}
         self._modules: dict = {}
@@ -561,7 +567,7 @@ class SharedPrograms:
         with self._lock:
             got = self._made.get(key)
             if got is None or got[0] is not ir:
-                got = self._made[key] = (ir, GeneratedProgram(ir, rank_platform, cache_dir, codegen))
+                got = self._made[key] = (ir, GeneratedProgram(ir, rank_platform, cache_dir, codegen, self.direct))
             return got[1]
 
 

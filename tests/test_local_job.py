@@ -551,6 +551,27 @@ def test_a_jobs_bfloat16_run_hands_the_ranks_torch_tensors_and_is_the_runners(ho
 
 
 @needs_gxx
+def test_a_jobs_direct_mode_off_generates_every_primitive_through_the_fifo():
+    """``direct="off"``, as the runner takes it: the ranks' sources have no direct-mode write
+    (the ones "auto" has, for a program whose receives are proven safe), and the runs launched
+    with the peers array are the collective's definition either way; an unknown mode is refused."""
+    from hccc.runtime.local_job import LocalJob
+    ir = load_program(Path(__file__).resolve().parent.parent / "examples" / "ring_allgather_8.rccl")
+
+    def writes(job):
+        gendir = job.comms[0]._prog.gendir
+        return sum(f.read_text().count(m) for f in gendir.iterdir() if f.suffix in (".cu", ".hip")
+                   for m in ("HCCC_PX(", "HCCC_PWX("))
+    for mode, some in (("auto", True), ("off", False)):
+        with LocalJob(ir, timeout_s=30, direct=mode) as job:
+            assert (writes(job) > 0) == some, mode
+            res = job.run(8 * 64, proto="simple", direct=True)
+            assert res.ok, (mode, res.stuck, res.first_wrong)
+    with pytest.raises(ValueError, match="unknown direct mode 'on'"):
+        LocalJob(ir, timeout_s=30, direct="on")
+
+
+@needs_gxx
 def test_a_jobs_run_takes_the_callers_inputs_and_may_leave_the_outputs_unchecked():
     """``inputs`` (one array per rank, laid out as the runner takes them) replace the oracle's:
     the outputs are the collective's definition on them (a sum over the ranks) and the runner's;
