@@ -261,7 +261,7 @@ class LocalJob:
             c._rejoin(seq, calls)
 
     def run(self, count: int, *, dtype: str = "float32", op: str = "sum", seed: int = 0,
-            together: bool = True, direct: bool = False, one_grid: bool = False, warmup: int = 0,
+            together: bool = True, direct: bool = False, one_grid: bool | None = False, warmup: int = 0,
             iters: int = 1, inplace: bool = False, proto: str | None = None,
             slice_bytes: int | str = "auto", checks: int = 1, keep_outputs: bool = True,
             nthreads: int | None = None, timeout_s: float | None = None, inputs: list | None = None,
@@ -286,7 +286,8 @@ class LocalJob:
         ranks' ``kernel_timeout_s``). The FIFOs first grow to the slots the call needs where
         they hold less (:attr:`grow_fifos`, :meth:`fit_fifos`), as the single-process runner's.
         ``check=False``: nothing compared (``collective_wrong`` -1, no oracle, no further checked
-        calls), as the runner's ``run(check=False)``."""
+        calls), as the runner's ``run(check=False)``. ``one_grid=None``: the one-grid launch where
+        the job can make it (:meth:`grid_usable`), as the runner chooses by default."""
         if iters < 1 or warmup < 0 or checks < 1:
             raise ValueError("iters and checks must be >= 1 and warmup >= 0")
         spec = SPECS[self.ir.collective]
@@ -305,6 +306,8 @@ class LocalJob:
         memo(("call", count, es, proto, slice_bytes, c0.chunk_bytes, c0._ll_refused()),
              lambda: LaunchCall.plan(self.ir, count, es, c0.chunk_bytes, proto=proto, slice_bytes=slice_bytes,
                                      ll_refused=c0._ll_refused(), fit_slot=False))
+        if one_grid is None:
+            one_grid = together and self.grid_usable(dtype, op)
         if nthreads is not None:
             self.check_threads(int(nthreads), dtype, op, one_grid)
         rows = memo(("layout", count), lambda: program_layout(self.ir, count))
@@ -369,6 +372,22 @@ class LocalJob:
         """The one-grid entry for ``dtype`` / ``op`` (:class:`GridEntry`), built on first use."""
         key = (dtype, op if SPECS[self.ir.collective].reduces else "sum")
         return self._grids.get(key) or self._grids.setdefault(key, GridEntry(self.comms, *key))
+
+    def grid_usable(self, dtype: str, op: str) -> bool:
+        """Whether a call of ``dtype`` / ``op`` can be the one-grid launch (:class:`GridEntry`:
+        the specialised kernels of ranks of one platform on one device, with the entry in their
+        sources, every block resident at once), as the single-process runner launches by
+        default; not where a platform keeps only some blocks of a launch resident and the grid's
+        would not all be (the launch is cooperative: a launch per rank instead)."""
+        op = op if SPECS[self.ir.collective].reduces else "sum"
+        k = self.comms[0]._pf.launch_residency()
+        if k is not None and sum(c.grid for c in self.comms) > k:
+            return False
+        try:
+            self._grid_entry(dtype, op)
+        except CommunicatorError:
+            return False
+        return True
 
     def check_threads(self, block: int, dtype: str, op: str, one_grid: bool = False) -> None:
         """ValueError unless every rank's blocks of ``block`` threads (its kernel for ``dtype`` /

@@ -551,6 +551,36 @@ def test_a_jobs_bfloat16_run_hands_the_ranks_torch_tensors_and_is_the_runners(ho
 
 
 @needs_gxx
+def test_a_jobs_run_chooses_the_one_grid_launch_where_it_can_as_the_runner_does():
+    """``one_grid=None``: ranks of one platform on one device launch as one grid (one launch of
+    every rank's blocks, counted by a spy); a mixed-vendor job, and a platform that keeps fewer
+    blocks of a launch resident than the grid has, launch a kernel per rank; the runs are the
+    collective's definition either way."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+
+    def grids(job) -> list:
+        seen = []
+        for pf in {id(c._pf): c._pf for c in job.comms}.values():
+            pf.launch_grid = (lambda fn, grid, *a, real=pf.launch_grid, **k:
+                              (seen.append(grid), real(fn, grid, *a, **k))[1])
+        return seen
+    with LocalJob(ir, timeout_s=30) as job:
+        seen = grids(job)
+        assert job.grid_usable("float32", "sum")
+        res = job.run(99, one_grid=None)
+        assert res.ok and seen == [sum(c.grid for c in job.comms)], (res.stuck, seen)
+        job.comms[0]._pf.resident_blocks = 1            # partial residency: a launch per rank
+        assert not job.grid_usable("float32", "sum")
+        job.comms[0]._pf.resident_blocks = None
+    with LocalJob(ir, timeout_s=30, platforms=["cuda", "hip", "cuda"]) as job:
+        seen = grids(job)
+        assert not job.grid_usable("float32", "sum")
+        res = job.run(99, one_grid=None)
+        assert res.ok and seen == [], (res.stuck, seen)
+
+
+@needs_gxx
 def test_a_jobs_direct_mode_off_generates_every_primitive_through_the_fifo():
     """``direct="off"``, as the runner takes it: the ranks' sources have no direct-mode write
     (the ones "auto" has, for a program whose receives are proven safe), and the runs launched
