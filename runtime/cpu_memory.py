@@ -3,6 +3,9 @@ allocates with): host memory, 256-byte aligned and zeroed (large blocks are anon
 without huge pages, so FIFO slots sized for whole chunks cost only what a run touches); pointers
 are plain addresses. Shared memory between processes is POSIX shared memory (:mod:`hccc.runtime.shm`).
 
+The ranks of an in-process job share one platform, so the book of allocations is kept under a
+lock: rank threads allocate, free and copy at once.
+
 Under AddressSanitizer every buffer (inputs, outputs, scratch, FIFO slots, counters) is its own
 ``posix_memalign`` block, so ASan puts a poisoned redzone right after its last byte.
 """
@@ -12,6 +15,7 @@ import bisect
 import ctypes
 import errno
 import mmap
+import threading
 from typing import Any
 
 import numpy as np
@@ -36,6 +40,8 @@ class CpuMemory:
         self._starts: list[int] = []               # sorted aligned addresses
         self._sizes: dict[int, int] = {}
         self._imported: set[int] = set()           # addresses mapped from peers' segments
+        #: guards the four above (the ranks of an in-process job share the platform)
+        self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- own memory
     def malloc(self, nbytes: int) -> DevicePtr:
@@ -69,15 +75,16 @@ class CpuMemory:
                 raise out_of_memory("host memory", n) from None
             ptr = (raw.ctypes.data + ALIGN - 1) // ALIGN * ALIGN
             backing = raw
-        self._allocs[ptr] = backing
-        self._sizes[ptr] = n
-        bisect.insort(self._starts, ptr)
+        self._register(ptr, backing, n)
         return ptr
 
     def free(self, ptr: DevicePtr) -> None:
-        if ptr not in self._allocs or ptr in self._imported:
-            raise PlatformError(f"free of unknown pointer {ptr:#x}")
-        backing = self._allocs.pop(ptr)
+        with self._lock:
+            if ptr not in self._allocs or ptr in self._imported:
+                raise PlatformError(f"free of unknown pointer {ptr:#x}")
+            backing = self._allocs.pop(ptr)
+            del self._sizes[ptr]
+            self._starts.pop(bisect.bisect_left(self._starts, ptr))
         if isinstance(backing, shm.Segment):
             backing.close()
         elif self.sanitize:
@@ -87,13 +94,12 @@ class CpuMemory:
                 backing.close()
             except BufferError:
                 pass  # still exported (a ctypes view alive): the mapping goes with its last user
-        del self._sizes[ptr]
-        self._starts.pop(bisect.bisect_left(self._starts, ptr))
 
     def _register(self, ptr: int, backing: Any, n: int) -> None:
-        self._allocs[ptr] = backing
-        self._sizes[ptr] = n
-        bisect.insort(self._starts, ptr)
+        with self._lock:
+            self._allocs[ptr] = backing
+            self._sizes[ptr] = n
+            bisect.insort(self._starts, ptr)
 
     # ---------------------------------------------------------------- IPC: POSIX shared memory
     def _mapped(self, make) -> "shm.Segment":
@@ -124,27 +130,31 @@ class CpuMemory:
 
     def ipc_import(self, handle: bytes) -> DevicePtr:
         seg = self._mapped(lambda: shm.attach(handle))
-        self._imported.add(seg.address)
+        with self._lock:
+            self._imported.add(seg.address)
         return seg.address
 
     def ipc_seal(self, ptr: DevicePtr) -> None:
         self._segment(ptr).unlink()
 
     def ipc_close(self, ptr: DevicePtr) -> None:
-        if ptr not in self._imported:
-            raise PlatformError(f"{ptr:#x} was not imported")
-        self._imported.discard(ptr)
-        seg = self._allocs.pop(ptr)
-        del self._sizes[ptr]
-        self._starts.pop(bisect.bisect_left(self._starts, ptr))
+        with self._lock:
+            if ptr not in self._imported:
+                raise PlatformError(f"{ptr:#x} was not imported")
+            self._imported.discard(ptr)
+            seg = self._allocs.pop(ptr)
+            del self._sizes[ptr]
+            self._starts.pop(bisect.bisect_left(self._starts, ptr))
         seg.close()
 
     # ---------------------------------------------------------------- copies
     def _check(self, ptr: int, nbytes: int) -> None:
-        i = bisect.bisect_right(self._starts, ptr) - 1
         if nbytes == 0:
             return
-        if i < 0 or ptr + nbytes > self._starts[i] + self._sizes[self._starts[i]]:
+        with self._lock:
+            i = bisect.bisect_right(self._starts, ptr) - 1
+            end = self._starts[i] + self._sizes[self._starts[i]] if i >= 0 else 0
+        if i < 0 or ptr + nbytes > end:
             raise PlatformError(f"memory access [{ptr:#x}, +{nbytes}) outside every allocation")
 
     def memcpy_htod(self, dst: DevicePtr, src: Any) -> None:
@@ -169,13 +179,15 @@ class CpuMemory:
     def close(self) -> None:
         """Every shared segment closed and every allocation forgotten (the platform's own
         memory goes with its last reference)."""
-        for backing in self._allocs.values():
+        with self._lock:
+            backings = list(self._allocs.values())
+            self._imported.clear()
+            self._allocs.clear()
+            self._sizes.clear()
+            self._starts.clear()
+        for backing in backings:
             if isinstance(backing, shm.Segment):
                 backing.close()
-        self._imported.clear()
-        self._allocs.clear()
-        self._sizes.clear()
-        self._starts.clear()
 
 
 __all__ = ["CpuMemory", "ALIGN"]

@@ -2,7 +2,8 @@
 first thread block to give up): where a kernel stuck and what it waited for
 (:func:`describe_stuck`), or why the kernels refused an AllToAllv call at launch
 (:func:`describe_refusal`). Both launchers' waits say it in these words: the single-process
-runner's watchdog and a rank's wait for its kernel (:mod:`hccc.runtime.kernel_wait`).
+runner's watchdog and a rank's wait for its kernel (:mod:`hccc.runtime.kernel_wait`), and so
+do their watchdogs (:func:`watchdog_expired`).
 """
 from __future__ import annotations
 
@@ -75,4 +76,16 @@ def describe_refusal(ir: ProgramIR, e: ErrorRecord) -> str:
             "call allocated")
 
 
-__all__ = ["describe_stuck", "describe_refusal"]
+#: the end of the words for a kernel given up on: it still runs after its abort flag was raised
+#: and the grace time passed (callers test a failure for it: that kernel's memory must stay)
+IGNORES_ABORT = "the kernel ignores the abort flag"
+
+
+def watchdog_expired(limit_s: float) -> str:
+    """The host watchdog's words for a launch that outran its limit, in both launchers (the
+    single-process runner's and a rank's wait, :mod:`hccc.runtime.kernel_wait`); the caller adds
+    what followed (aborted, or :data:`IGNORES_ABORT`)."""
+    return f"host watchdog: kernel still running after {limit_s:g} s"
+
+
+__all__ = ["describe_stuck", "describe_refusal", "watchdog_expired", "IGNORES_ABORT"]

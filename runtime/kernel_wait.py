@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from hccc.runtime.kernel_watch import ABORT_GRACE_S, watched_wait
-from hccc.runtime.kernel_errors import describe_stuck
+from hccc.runtime.kernel_errors import IGNORES_ABORT, describe_stuck, watchdog_expired
 
 #: how often the wait for this rank's kernel looks at its peers
 WATCH_S = 0.02
@@ -36,9 +36,9 @@ def wait_for_kernel(pf, flags, hosts, net, ir, *, call: int, watch, timeout_s: f
                      sync=sync)
     cause = w.cause
     if w.late and cause is None:
-        cause = f"kernel still running after {limit:g} s"
+        cause = watchdog_expired(limit)
     if not w.finished:
-        return f"{cause}; the kernel ignores the abort flag", True
+        return f"{cause}; {IGNORES_ABORT}", True
     # the waiter has set `done` and is about to end: join it, so that a call that returns or
     # raises leaves no thread of its own behind
     w.waiter.join(grace)

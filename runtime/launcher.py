@@ -278,21 +278,8 @@ class Runner(RankGroup):
         check_placement(self.ir, inplace, lay)
 
     def _inputs(self, inputs, lay, count: int, seed: int) -> list[np.ndarray]:
-        """Every rank's input: the caller's, checked against the layout, or small integers exact
-        under every reduction order and type (:func:`hccc.runtime.oracle.make_inputs`)."""
-        N, coll = self.nranks, self.ir.collective
-        if inputs is None:
-            inputs = oracle.make_inputs(self.ir, count, self.dtype, self.op, seed)
-        else:
-            npdt = np.dtype(dtypes_table.dtype(self.dtype).numpy)
-            inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
-            if len(inputs) != N:
-                raise ValueError(f"expected {N} input arrays, got {len(inputs)}")
-        for r in range(N):
-            if len(inputs[r]) != lay[r][0]:
-                raise ValueError(f"rank {r}: this program's input buffer holds {lay[r][0]} elements "
-                                 f"where a {coll} passes {len(inputs[r])}; the oracle cannot run it")
-        return inputs
+        """Every rank's input (:func:`run_inputs`)."""
+        return run_inputs(self.ir, self.dtype, self.op, inputs, lay, count, seed)
 
     def _result(self, call: LaunchCall, nbytes: int, inplace: bool, times, stuck, wrong, first,
                 **more) -> RunResult:
@@ -375,6 +362,26 @@ class Runner(RankGroup):
                                 outputs=outs if keep_outputs else None)
 
 
+def run_inputs(ir: ProgramIR, dtype: str, op: str, inputs, lay, count: int, seed: int) -> list[np.ndarray]:
+    """Every rank's input of a checked run at ``count`` elements (``lay``: the layout rows,
+    :func:`program_layout`): the caller's ``inputs`` (one array per rank; float32 for bfloat16),
+    checked against the layout (ValueError naming the rank), or small integers exact under every
+    reduction order and type (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``)."""
+    N, coll = ir.nranks, ir.collective
+    if inputs is None:
+        inputs = oracle.make_inputs(ir, count, dtype, op, seed)
+    else:
+        npdt = np.dtype(dtypes_table.dtype(dtype).numpy)
+        inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
+        if len(inputs) != N:
+            raise ValueError(f"expected {N} input arrays, got {len(inputs)}")
+    for r in range(N):
+        if len(inputs[r]) != lay[r][0]:
+            raise ValueError(f"rank {r}: this program's input buffer holds {lay[r][0]} elements "
+                             f"where a {coll} passes {len(inputs[r])}; the oracle cannot run it")
+    return inputs
+
+
 def check_placement(ir: ProgramIR, inplace: bool, lay) -> None:
     """ValueError for a placement ``ir`` is not proven for or its buffers (``lay``: the layout rows
     of :func:`program_layout`) cannot take."""
@@ -400,6 +407,6 @@ def run_program(ir: ProgramIR, *, backend: str | Platform = "cpu", nbytes: int, 
         return runner.run(nbytes, inplace=inplace, iters=iters, warmup=warmup, seed=seed)
 
 
-__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "program_layout", "check_placement", "run_program",
+__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "program_layout", "check_placement", "run_inputs", "run_program",
            "busbw_factor", "generated_sources", "CODEGENS",
            "describe_stuck", "DTYPES", "OPS", "ELEMENT_BYTES"]

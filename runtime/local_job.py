@@ -42,13 +42,16 @@ from hccc.runtime.bootstrap import local_bootstraps
 from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
 from hccc.runtime.direct_peers import peers_blob, peers_usable
-from hccc.runtime.generated import GeneratedProgram
+from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.memory_limits import check_fifo_memory
 from hccc.runtime.kernel_abi import Args
-from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, check_placement, program_layout
+from hccc.runtime.kernel_errors import IGNORES_ABORT
+from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, check_placement, program_layout, run_inputs
 from hccc.runtime.platform import Instance
+from hccc.runtime.process_rank import _PLAN_CACHE_MAX
+from hccc.runtime.rank_platforms import rank_platforms
 from hccc.runtime.rank_memory import BackgroundSync, LaunchCall, grid_argument
 from hccc.util import dtypes as dtypes_table
 
@@ -60,16 +63,51 @@ class ThreadRank(Communicator):
     at device scope, as the single-process runner's (system scope made hm_allreduce_4x8's 1 MiB
     launch ten times slower there). Its waits for its kernels synchronize through one thread kept
     for the job's life (:class:`~hccc.runtime.rank_memory.BackgroundSync`), not one per call. The
-    ranks read the generated sources once (``programs``: the job's :class:`SharedPrograms`)."""
+    ranks read the generated sources once (``programs``: the job's :class:`SharedPrograms`), and
+    on the CPU emulation the ranks of one manifest platform run on one Platform object of the job,
+    which loads their library once (as the single-process runner's ranks share theirs)."""
 
-    def __init__(self, *args, programs: "SharedPrograms | None" = None, **kwargs):
+    def __init__(self, *args, programs: "SharedPrograms | None" = None, platforms: list[str] | None = None,
+                 **kwargs):
         self._programs = programs
+        #: the manifest platform of every rank where the caller names them (a mixed-vendor
+        #: ProgramIR), else None: the compiled OUTDIR's, or the backend's own
+        self._platforms_given = platforms
         super().__init__(*args, **kwargs)
+
+    def _setup(self, ir, plats, *args, **kwargs):
+        given = self._platforms_given
+        if given is not None and plats is not None and list(plats) != list(given):
+            raise CommunicatorError(f"the rank platforms given ({', '.join(given)}) are not "
+                                    f"the compiled OUTDIR's ({', '.join(plats)})")
+        return super()._setup(ir, plats if given is None else list(given), *args, **kwargs)
 
     def _generated(self, ir, cache_dir, codegen: str):
         if self._programs is None:
             return super()._generated(ir, cache_dir, codegen)
         return self._programs.get(ir, self.rank_platform, cache_dir, codegen)
+
+    def _platform(self, backend, device, cache_dir):
+        if self._programs is None or not (isinstance(backend, str) and backend == "cpu"):
+            return super()._platform(backend, device, cache_dir)
+        shared = self._programs.platform(self.rank_platform[self.rank], cache_dir)
+        return super()._platform(shared, device, cache_dir)
+
+    def _plan_call(self, count: int, es: int):
+        if self._programs is None:
+            return super()._plan_call(count, es)
+        key = ("call", count, es, self._proto, self._slice_request, self.chunk_bytes, self._ll_refused())
+        return self._programs.memo(key, lambda: super(ThreadRank, self)._plan_call(count, es))
+
+    def _layout(self, count: int) -> list:
+        if self._programs is None:
+            return super()._layout(count)
+        return self._programs.memo(("layout", count), lambda: super(ThreadRank, self)._layout(count))
+
+    def _load(self, lib):
+        if self._programs is None:
+            return super()._load(lib)
+        return self._programs.loaded(self._pf, lib)
 
     def _build(self, inst, ranks, scope):
         ident = self._pf.build_identity()
@@ -91,14 +129,24 @@ class ThreadRank(Communicator):
 class LocalJob:
     """The ``ir.nranks`` ranks of ``ir`` (a ProgramIR) as communicators in threads of this
     process; ``timeout_s`` bounds the set-up and every call as for a Communicator, ``watchdog_s``
-    each kernel's run (:attr:`~hccc.runtime.process_rank.ProcessRank.watchdog_s`), and every other
+    each kernel's run (:attr:`~hccc.runtime.process_rank.ProcessRank.watchdog_s`), ``platforms``
+    the manifest platform ("cuda" or "hip") of every rank of a mixed-vendor ProgramIR (as the
+    single-process runner takes them: on the CPU emulation the ranks of each platform share one
+    CpuPlatform of the job; default: a compiled OUTDIR's, else the backend's own), ``direct`` the
+    sources' direct mode (``"auto"``: the receives proven safe written by their senders, ``"off"``:
+    every primitive through the FIFO; as the single-process runner's), and every other
     keyword (``backend``, ``dtype``, ``op``, ``proto``, ``kernel_timeout_s``, ``codegen``,
     ``fifo_bytes``, ...) is given to each rank's :class:`Communicator`. Raises
     :class:`CommunicatorError` naming each rank's failure when a set-up fails; nothing stays
     allocated then."""
 
-    def __init__(self, ir, *, timeout_s: float = 60.0, watchdog_s: float | None = None, **communicator_options):
+    def __init__(self, ir, *, timeout_s: float = 60.0, watchdog_s: float | None = None,
+                 platforms: list[str] | None = None, direct: str = "auto", **communicator_options):
+        if direct not in DIRECT_MODES:
+            raise ValueError(f"unknown direct mode {direct!r} (expected one of {', '.join(DIRECT_MODES)})")
         self.ir, self.nranks = ir, int(ir.nranks)
+        if platforms is not None:      # ValueError naming the rank, before any rank is made
+            platforms = rank_platforms(self.nranks, "cpu", platforms)
         #: the element type the ranks' kernels are built for at set-up (others on first use)
         self.dtype = str(communicator_options.get("dtype", "float32"))
         #: the time of the last call launched together (:meth:`collective`), in microseconds
@@ -111,11 +159,12 @@ class LocalJob:
         weakref.finalize(self, self._threads.close)
         shm.reap_stale()     # once for the job (its ranks name no segments of their own)
         boots = local_bootstraps(self.nranks, timeout_s=timeout_s)
-        programs = SharedPrograms()
+        programs = self._programs = SharedPrograms(direct)
         #: the ranks' communicators, in rank order
         self.comms: list[ThreadRank] = []
         made = _together(self.nranks, lambda r: ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s,
-                                                           programs=programs, **communicator_options),
+                                                           programs=programs, platforms=platforms,
+                                                           **communicator_options),
                          threads=self._threads)
         self.comms = [c for c, _ in made if c is not None]
         errors = [e for _, e in made]
@@ -124,6 +173,9 @@ class LocalJob:
             raise _job_error(errors, "setting up")
         for c in self.comms:
             c.watchdog_s = watchdog_s
+        #: :meth:`run` grows the FIFOs to what each call needs (:meth:`fit_fifos`) where they can
+        #: grow: every rank's memory taken by address (the CPU emulation)
+        self.grow_fifos = all(c._owned.private for c in self.comms)
 
     def each(self, step) -> list:
         """``step(rank, communicator)`` on every rank at once, one thread each; the results in rank
@@ -155,7 +207,7 @@ class LocalJob:
         if (direct or one_grid) and not together:
             raise ValueError("direct mode's peers array and the one-grid launch need the ranks launched together")
         spec, method = SPECS[self.ir.collective], METHODS[self.ir.collective]
-        rows = program_layout(self.ir, int(count))
+        rows = self._programs.memo(("layout", int(count)), lambda: program_layout(self.ir, int(count)))
         if inplace:
             check_placement(self.ir, True, rows)
         kwargs = {"op": op} if spec.reduces else {}
@@ -209,12 +261,15 @@ class LocalJob:
             c._rejoin(seq, calls)
 
     def run(self, count: int, *, dtype: str = "float32", op: str = "sum", seed: int = 0,
-            together: bool = True, direct: bool = False, one_grid: bool = False, warmup: int = 0,
+            together: bool = True, direct: bool = False, one_grid: bool | None = False, warmup: int = 0,
             iters: int = 1, inplace: bool = False, proto: str | None = None,
             slice_bytes: int | str = "auto", checks: int = 1, keep_outputs: bool = True,
-            nthreads: int | None = None, timeout_s: float | None = None) -> RunResult:
+            nthreads: int | None = None, timeout_s: float | None = None, inputs: list | None = None,
+            check: bool = True) -> RunResult:
         """``warmup + iters`` calls at ``count`` elements of full buffer, each on the oracle's
-        inputs (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``) into garbage outputs
+        inputs (:func:`hccc.runtime.oracle.make_inputs`, from ``seed``; or the caller's ``inputs``,
+        one array per rank laid out as the runner takes them, checked against the program's layout:
+        :func:`~hccc.runtime.launcher.run_inputs`) into garbage outputs
         (``inplace``: the collective's in-place form, as :meth:`collective` places it), launched as
         :meth:`collective` launches (the mean time of the timed ones when launched together), the
         last compared as the single-process runner compares (:func:`hccc.runtime.oracle.compare`),
@@ -228,7 +283,11 @@ class LocalJob:
         before any call. So do ``nthreads`` (threads per block; None: each rank's own), refused
         before any call where a rank's blocks would not all be resident at once
         (:meth:`check_threads`), and ``timeout_s`` (the kernels' own spin-wait limit; None: the
-        ranks' ``kernel_timeout_s``)."""
+        ranks' ``kernel_timeout_s``). The FIFOs first grow to the slots the call needs where
+        they hold less (:attr:`grow_fifos`, :meth:`fit_fifos`), as the single-process runner's.
+        ``check=False``: nothing compared (``collective_wrong`` -1, no oracle, no further checked
+        calls), as the runner's ``run(check=False)``. ``one_grid=None``: the one-grid launch where
+        the job can make it (:meth:`grid_usable`), as the runner chooses by default."""
         if iters < 1 or warmup < 0 or checks < 1:
             raise ValueError("iters and checks must be >= 1 and warmup >= 0")
         spec = SPECS[self.ir.collective]
@@ -236,12 +295,23 @@ class LocalJob:
         count = reference.alltoall_count(int(count), count_unit(self.ir))
         c0 = self.comms[0]
         proto = c0.proto if proto is None else proto
-        # the call's protocol and slice checked before any rank makes it (the ranks plan alike)
-        LaunchCall.plan(self.ir, count, ELEMENT_BYTES[dtype], c0.chunk_bytes, proto=proto,
-                        slice_bytes=slice_bytes, fit_slot=False)
+        es, memo = ELEMENT_BYTES[dtype], self._programs.memo
+        if self.grow_fifos:
+            # the FIFOs grow with the call, as the single-process runner's: to the slot capacity
+            # the call would be planned with through the compiled slot (fit_fifos; never shrunk)
+            self.fit_fifos(memo(("fit", count, es, proto, slice_bytes), lambda: LaunchCall.plan(
+                self.ir, count, es, c0.compiled_chunk_bytes, proto=proto, slice_bytes=slice_bytes)).slot_cap)
+        # the call's protocol and slice checked before any rank makes it: the plan every rank
+        # then takes (ThreadRank._plan_call's)
+        memo(("call", count, es, proto, slice_bytes, c0.chunk_bytes, c0._ll_refused()),
+             lambda: LaunchCall.plan(self.ir, count, es, c0.chunk_bytes, proto=proto, slice_bytes=slice_bytes,
+                                     ll_refused=c0._ll_refused(), fit_slot=False))
+        if one_grid is None:
+            one_grid = together and self.grid_usable(dtype, op)
         if nthreads is not None:
             self.check_threads(int(nthreads), dtype, op, one_grid)
-        inputs = oracle.make_inputs(self.ir, count, dtype, op, seed)
+        rows = memo(("layout", count), lambda: program_layout(self.ir, count))
+        inputs = run_inputs(self.ir, dtype, op, inputs, rows, count, seed)
         device = [oracle.to_device(x, dtype) for x in inputs]
         outs, stuck, times, verdicts = None, None, [], []
         kept = [(c.proto, c._slice_request, c.block, c.kernel_timeout_s) for c in self.comms]
@@ -259,9 +329,10 @@ class LocalJob:
                 outs = call()
                 if together and it >= warmup:
                     times.append(self.last_time_us)
-            verdicts.append(oracle.compare(self.ir, dtype, op, outs, inputs, inplace))
-            for _ in range(checks - 1):
-                verdicts.append(oracle.compare(self.ir, dtype, op, call(), inputs, inplace))
+            if check:
+                verdicts.append(oracle.compare(self.ir, dtype, op, outs, inputs, inplace))
+                for _ in range(checks - 1):
+                    verdicts.append(oracle.compare(self.ir, dtype, op, call(), inputs, inplace))
         except CommunicatorError as exc:
             outs, stuck = None, str(exc)
             self.recover()
@@ -302,6 +373,22 @@ class LocalJob:
         key = (dtype, op if SPECS[self.ir.collective].reduces else "sum")
         return self._grids.get(key) or self._grids.setdefault(key, GridEntry(self.comms, *key))
 
+    def grid_usable(self, dtype: str, op: str) -> bool:
+        """Whether a call of ``dtype`` / ``op`` can be the one-grid launch (:class:`GridEntry`:
+        the specialised kernels of ranks of one platform on one device, with the entry in their
+        sources, every block resident at once), as the single-process runner launches by
+        default; not where a platform keeps only some blocks of a launch resident and the grid's
+        would not all be (the launch is cooperative: a launch per rank instead)."""
+        op = op if SPECS[self.ir.collective].reduces else "sum"
+        k = self.comms[0]._pf.launch_residency()
+        if k is not None and sum(c.grid for c in self.comms) > k:
+            return False
+        try:
+            self._grid_entry(dtype, op)
+        except CommunicatorError:
+            return False
+        return True
+
     def check_threads(self, block: int, dtype: str, op: str, one_grid: bool = False) -> None:
         """ValueError unless every rank's blocks of ``block`` threads (its kernel for ``dtype`` /
         ``op``) are all resident at once on its platform: they wait on each other (the one-grid
@@ -322,18 +409,24 @@ class LocalJob:
 
     def run_v(self, counts, *, sdispls=None, rdispls=None, send_lens=None, recv_lens=None,
               inplace: bool = False, inputs: list | None = None, seed: int = 0, warmup: int = 0,
-              iters: int = 1, keep_outputs: bool = True, dtype: str | None = None) -> RunResult:
+              iters: int = 1, keep_outputs: bool = True, dtype: str | None = None,
+              pass_displs: bool | None = None) -> RunResult:
         """The AllToAll program as an AllToAllv (:mod:`hccc.runtime.alltoallv`), as the
         single-process runner's ``run_v`` takes it: ``counts[s][d]`` elements from rank ``s`` to
         rank ``d``, displacements ``sdispls[s][d]`` / ``rdispls[d][s]`` (None: packed), buffers of
         ``send_lens[r]`` / ``recv_lens[r]`` elements (None: just large enough); ``inputs`` (one
         array per rank, of its send buffer's length) or small integers from ``seed``, of ``dtype``
-        (default the job's, :attr:`dtype`). ``warmup + iters`` calls of every rank's
+        (default the job's, :attr:`dtype`; bfloat16 inputs hold float32 values, rounded, handed to
+        the ranks as torch bfloat16 tensors as :meth:`collective` hands them, the outputs compared
+        as float32). ``pass_displs``: the kernels take the displacements from memory (True; packed
+        where None are given) or take packed ones (False); None: where displacements are given, as
+        the single-process runner's ``run_v``. ``warmup + iters`` calls of every rank's
         :meth:`~hccc.runtime.communicator.Communicator.all_to_all_v` (each rank's counts checked
         by the ranks themselves, compared at the call's barrier), the last one's receive buffers
         compared with :func:`hccc.runtime.alltoallv.expected` (not timed: ``time_us`` is nan).
         ValueError (CountsError naming the entry) before any call for counts the buffers cannot
-        take; a failed call is the result's ``stuck`` and the job runs again (:meth:`recover`)."""
+        take; a failed call is the result's ``stuck`` and the job runs again (:meth:`recover`). The
+        FIFOs first grow to what the call needs, as for :meth:`run`."""
         ir, N = self.ir, self.nranks
         if not SPECS[ir.collective].per_pair_counts:
             raise ValueError(f"{ir.name} is a {ir.collective}: per-pair counts need an AllToAll program")
@@ -345,9 +438,9 @@ class LocalJob:
         send_lens, recv_lens = buffer_lengths(c, sdispls, rdispls, send_lens, recv_lens, inplace)
         sd, rd = av.check_call(c, send_lens, recv_lens, sdispls, rdispls, inplace)
         dtype = self.dtype if dtype is None else dtype
-        if dtype == "bfloat16":
-            raise ValueError("a job's run passes numpy arrays, which hold no bfloat16 (run it through "
-                             "torch tensors)")
+        given = pass_displs if pass_displs is not None else (sdispls is not None or rdispls is not None)
+        # the displacements the ranks pass: the checked ones (packed where None), or None (packed)
+        s_pass, r_pass = (sd, rd) if given else (None, None)
         npdt = np.dtype(dtypes_table.dtype(dtype).numpy)
         if inputs is None:
             rng = np.random.default_rng(seed)
@@ -356,15 +449,25 @@ class LocalJob:
             inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
             if len(inputs) != N or any(len(x) != int(n) for x, n in zip(inputs, send_lens)):
                 raise ValueError("inputs: one array per rank, of its send buffer's length")
-        before = [np.array(inputs[r], copy=True) if inplace else np.full(int(recv_lens[r]), oracle.GARBAGE[dtype], npdt)
-                  for r in range(N)]
+        garbage = (oracle.GARBAGE[dtype], oracle.DEVICE_DTYPE[dtype])
+        before = [np.array(inputs[r], copy=True) if inplace else
+                  oracle.from_device(np.full(int(recv_lens[r]), *garbage), dtype) for r in range(N)]
         want = av.expected([np.array(x) for x in inputs], before, c, sd, rd)
+        as_kernel = _bfloat16_tensor if dtype == "bfloat16" else (lambda a: a)
+        c0 = self.comms[0]
+        if self.grow_fifos:
+            # the FIFOs grow to what the ranks' call needs (its count: the scratch slot's blocks,
+            # RankAllToAllv's), as run grows them
+            k = c0._vcalls.tables(bool(inplace))[0].k
+            count = max(av.scratch_slot(c, k), 1) * k * N
+            self.fit_fifos(LaunchCall.plan(ir, count, ELEMENT_BYTES[dtype], c0.compiled_chunk_bytes,
+                                           proto=c0.proto, slice_bytes=c0._slice_request).slot_cap)
 
         def step(r, comm):
-            x = np.array(inputs[r], copy=True)
-            out = None if inplace else np.array(before[r], copy=True)
-            comm.all_to_all_v(x, out, c, sdispls=sdispls, rdispls=rdispls)
-            return x if inplace else out
+            x = oracle.to_device(inputs[r], dtype).copy()
+            out = None if inplace else oracle.to_device(before[r], dtype).copy()
+            comm.all_to_all_v(as_kernel(x), None if inplace else as_kernel(out), c, sdispls=s_pass, rdispls=r_pass)
+            return oracle.from_device(x if inplace else out, dtype)
         outs, stuck = None, None
         try:
             for _ in range(warmup + iters):
@@ -374,7 +477,6 @@ class LocalJob:
             self.recover()
         wrong, first = oracle.count_wrong(ir.collective, outs, want) if outs is not None else (0, None)
         es = ELEMENT_BYTES[dtype]
-        c0 = self.comms[0]
         per_rank = int(c.sum()) * es // max(N, 1)
         return RunResult(bytes=per_rank, count=per_rank // es, dtype=dtype, op="sum", inplace=bool(inplace),
                          wrong=int(wrong), time_us=float("nan"), stuck=stuck, first_wrong=first,
@@ -389,12 +491,14 @@ class LocalJob:
         each other's memory as it is (no mapping of their own keeps it), and that kernel may
         still touch any of it."""
         comms, self.comms = self.comms, []
-        running = next((c._broken for c in comms if c._broken and "ignores the abort flag" in c._broken), None)
+        running = next((c._broken for c in comms if c._broken and IGNORES_ABORT in c._broken), None)
         if running is not None:
             for c in comms:
                 c._broken = running
         _together(len(comms), lambda r: comms[r].close(), threads=self._threads)
         self._threads.close()
+        if running is None:              # a kernel still running keeps the memory it may touch
+            self._programs.close()
 
     def __enter__(self):
         return self
@@ -409,12 +513,64 @@ class SharedPrograms:
     and code generation, and given to every rank, instead of each rank hashing the program's
     text and reading the manifest itself; and the modules built from them
     (:meth:`Platform.build`'s paths) for platforms of equal :meth:`~Platform.build_identity`,
-    built (or found in the build cache) by the first rank only."""
+    built (or found in the build cache) by the first rank only; and on the CPU emulation one
+    :class:`~hccc.runtime.cpu.CpuPlatform` per manifest platform for all the ranks of the job
+    (:meth:`platform`, closed with the job: :meth:`close`) with each module it loads loaded once
+    (:meth:`loaded`). ``direct``: the direct mode every program is generated with."""
 
-    def __init__(self):
+    def __init__(self, direct: str = "auto"):
+        #: the direct mode the sources are generated with (:data:`~hccc.runtime.generated.DIRECT_MODES`)
+        self.direct = direct
         self._lock = threading.Lock()
         self._made: dict = {}
         self._modules: dict = {}
+        #: (manifest platform, cache directory) -> the CpuPlatform of those ranks
+        self._platforms: dict = {}
+        #: (id of the platform, module path) -> (platform, the module it loaded)
+        self._loaded: dict = {}
+        #: what every rank of the job's one program computes alike from a call's shape (its
+        #: LaunchCall, the layout rows), computed by the first rank to ask (:meth:`memo`)
+        self._memo: dict = {}
+
+    def memo(self, key: tuple, make):
+        """``make()`` for ``key``, once for the job's ranks (the ranks plan the same calls of the
+        one program; at most :data:`~hccc.runtime.process_rank._PLAN_CACHE_MAX` kept, as a
+        rank keeps its own): immutable values only."""
+        with self._lock:
+            if key in self._memo:
+                return self._memo[key]
+        value = make()               # (outside the lock: a rank that plans blocks no other rank)
+        with self._lock:
+            if len(self._memo) >= _PLAN_CACHE_MAX:
+                self._memo.clear()
+            return self._memo.setdefault(key, value)
+
+    def platform(self, flavour: str, cache_dir):
+        """The job's CPU emulation of ``flavour`` ("cuda" or "hip") sources, made by the first
+        rank to ask."""
+        key = (flavour, None if cache_dir is None else str(cache_dir))
+        with self._lock:
+            pf = self._platforms.get(key)
+            if pf is None:
+                from hccc.runtime.cpu import CpuPlatform
+                pf = self._platforms[key] = CpuPlatform(source_platform=flavour, cache_dir=cache_dir)
+            return pf
+
+    def loaded(self, pf, lib):
+        """``pf.load(lib)``, once per platform and path."""
+        key = (id(pf), str(lib))
+        with self._lock:
+            got = self._loaded.get(key)
+            if got is None or got[0] is not pf:
+                got = self._loaded[key] = (pf, pf.load(lib))
+            return got[1]
+
+    def close(self) -> None:
+        """Close the platforms made here (after every rank has released its memory)."""
+        with self._lock:
+            pfs, self._platforms, self._loaded = list(self._platforms.values()), {}, {}
+        for pf in pfs:
+            pf.close()
 
     def module(self, key: tuple, prog: GeneratedProgram, build):
         """The path ``build()`` returns for ``key`` (a build of ``prog``'s sources), built once
@@ -430,7 +586,7 @@ class SharedPrograms:
         with self._lock:
             got = self._made.get(key)
             if got is None or got[0] is not ir:
-                got = self._made[key] = (ir, GeneratedProgram(ir, rank_platform, cache_dir, codegen))
+                got = self._made[key] = (ir, GeneratedProgram(ir, rank_platform, cache_dir, codegen, self.direct))
             return got[1]
 
 
@@ -584,7 +740,9 @@ class GroupLaunch:
             finally:
                 self._timers[0].stop()
             return
-        self._timers = [c._pf.timer() for c in comms]
+        # one timer per platform object (the ranks of a job may share one: a CPU timer holds back
+        # every launch of its platform until it stops)
+        self._timers = [pf.timer() for pf in {id(c._pf): c._pf for c in comms}.values()]
         for t in self._timers:
             t.start()
         try:

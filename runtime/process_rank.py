@@ -18,6 +18,7 @@ from hccc.compiler.backend.abi import resolve_proto
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.runtime.alltoallv_call import RankAllToAllv, Staging
 from hccc.runtime.host_segment import HostSegments, call_type
+from hccc.runtime.kernel_errors import IGNORES_ABORT
 from hccc.runtime.kernel_wait import wait_for_kernel
 from hccc.runtime.launcher import ELEMENT_BYTES, program_layout
 from hccc.runtime.rank_kernels import fit_block_threads
@@ -133,7 +134,7 @@ class ProcessRank:
             pf, prog = self._pf, self._prog
             ranks, scope = self._library()
             lib = self._build(Instance(dtype, op), ranks, scope)
-            fn = pf.load(lib).function(prog.kernel_symbol(self.rank, dtype, op))
+            fn = self._load(lib).function(prog.kernel_symbol(self.rank, dtype, op))
             if self._auto_threads and self.grid > 0:   # fewer threads per block until the grid fits
                 flavour = self.rank_platform[self.rank]
                 self.block, note = fit_block_threads(
@@ -154,6 +155,10 @@ class ProcessRank:
     def _build(self, inst: Instance, ranks: list[int], scope: dict):
         """The module of ``ranks``' kernels for ``inst`` (:meth:`Platform.build`)."""
         return self._pf.build(self._prog.gendir, self._prog.manifest, inst, ranks=ranks, **scope)
+
+    def _load(self, lib):
+        """The module at ``lib`` (a :meth:`_build` path), loaded by this rank's platform."""
+        return self._pf.load(lib)
 
     def _library(self) -> tuple[list[int], dict]:
         """The ranks whose kernels this rank's library holds and its memory scope
@@ -196,7 +201,7 @@ class ProcessRank:
         ``seq`` and call ``calls``, the most any rank reached, with the LL slots zeroed at the
         next LL call (the failed call may have left anything in them). A kernel that ignores the
         abort flag may still run: that rank stays unusable."""
-        if self._closed or (self._broken and "ignores the abort flag" in self._broken):
+        if self._closed or (self._broken and IGNORES_ABORT in self._broken):
             raise CommunicatorError(f"rank {self.rank}: cannot run again: "
                                     f"{self._broken or 'the communicator is closed'}")
         self._broken = None
@@ -289,18 +294,23 @@ class ProcessRank:
         key = (count, es, self._proto, self._slice_request)
         got = self._call_plans.get(key)
         if got is None:
-            # the FIFOs were exported at set-up with slots of this capacity: every launch keeps it
-            call = LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=self._proto,
-                                   slice_bytes=self._slice_request, ll_refused=self._ll_refused(),
-                                   fit_slot=False)
-            got = self._remember(key, (call, self._layout_row(count)))
+            got = self._remember(key, (self._plan_call(count, es), self._layout_row(count)))
         return got
+
+    def _plan_call(self, count: int, es: int) -> LaunchCall:
+        """The :class:`LaunchCall` of a call of ``count`` elements of ``es`` bytes now."""
+        # the FIFOs were exported at set-up with slots of this capacity: every launch keeps it
+        return LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=self._proto,
+                               slice_bytes=self._slice_request, ll_refused=self._ll_refused(), fit_slot=False)
+
+    def _layout(self, count: int) -> list:
+        """Every rank's layout row at ``count`` (:func:`~hccc.runtime.launcher.program_layout`)."""
+        return program_layout(self.ir, count)
 
     def _layout_row(self, count: int):
         """This rank's (input, output, scratch elements, input offset, output offset) at ``count``."""
         got = self._call_plans.get(("layout", count))
-        return got if got is not None else self._remember(("layout", count),
-                                                          program_layout(self.ir, count)[self.rank])
+        return got if got is not None else self._remember(("layout", count), self._layout(count)[self.rank])
 
     def _remember(self, key, value):
         if len(self._call_plans) >= _PLAN_CACHE_MAX:
@@ -361,7 +371,7 @@ class ProcessRank:
         if self._hosts is not None:
             self._hosts.close()
             self._hosts = None
-        kernel_running = bool(self._broken and "ignores the abort flag" in self._broken)
+        kernel_running = bool(self._broken and IGNORES_ABORT in self._broken)
         if self._sync is not None:
             self._sync.close()
         if self._owned is not None:

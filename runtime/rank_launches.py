@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime.interrupts import deferred_interrupts
-from hccc.runtime.kernel_errors import describe_stuck
+from hccc.runtime.kernel_errors import IGNORES_ABORT, describe_stuck, watchdog_expired
 from hccc.runtime.kernel_watch import ABORT_GRACE_S, watched_wait
 from hccc.runtime.rank_memory import synchronize_in_background
 
@@ -86,11 +86,10 @@ class RankLaunches:
             return None
         if w.finished:
             rec = self.error_message()
-            return (f"host watchdog: kernels still running after {limit:.0f} s; aborted"
+            return (f"{watchdog_expired(limit)}; aborted"
                     + (f" ({rec})" if rec else " (no thread block reported a timeout)"))
-        self.broken = (f"kernels still running {limit + grace:.0f} s after launch and ignore the "
-                       "abort flag")
-        return f"host watchdog: {self.broken}"
+        self.broken = f"{watchdog_expired(limit)}; {IGNORES_ABORT}"
+        return self.broken
 
     def stop(self) -> None:
         """Stop every kernel launched here before anything they use is freed (an interrupt or an
@@ -106,7 +105,7 @@ class RankLaunches:
             # (an aborted kernel's error is ignored: it has stopped all the same)
             done, _, _ = synchronize_in_background(self.distinct, "hccc-stop")
             if not done.wait(max(ABORT_GRACE_S, 2.0 * self.timeout_s)):
-                self.broken = "kernels still running after an interrupt ignore the abort flag"
+                self.broken = f"kernels still running after an interrupt; {IGNORES_ABORT}"
 
     def error_message(self) -> str | None:
         """Why the last launch failed, from the error record (None: no record, no abort)."""

@@ -376,6 +376,61 @@ def test_property_a_jobs_ranks_in_threads_run_alltoallv(data):
 
 
 @needs_gxx
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_property_a_jobs_alltoallv_in_bfloat16_and_with_displacements_passed(data):
+    """A job's AllToAllv run in bfloat16 (torch tensors over the ranks' memory) or float32, with
+    the displacements passed to the kernels or packed ones (``pass_displs``, as the runner's
+    ``run_v`` takes it): the definition where the kernels read the given displacements; given
+    displacements with a gap after every block that the kernels are told to ignore
+    (``pass_displs=False``: packed) land where packed ones put them."""
+    pytest.importorskip("torch")
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_alltoall(3))
+    n = 3
+    dtype = data.draw(st.sampled_from(["float32", "bfloat16"]))
+    c = np.asarray(data.draw(st.lists(st.lists(st.integers(0, 5), min_size=n, max_size=n),
+                                      min_size=n, max_size=n)), np.int64)
+    spread = data.draw(st.integers(0, 2))
+    pass_displs = data.draw(st.sampled_from([None, True, False]))
+    sd = [[int(sum(c[s][:d])) + spread * d for d in range(n)] for s in range(n)]
+    rd = [[int(sum(c[i][d] for i in range(s))) + spread * s for s in range(n)] for d in range(n)]
+    kw = {"sdispls": sd, "rdispls": rd, "send_lens": [int(sum(c[s])) + spread * n for s in range(n)],
+          "recv_lens": [int(sum(c[:, d])) + spread * n for d in range(n)]}
+    sends = _inputs(c, dtype, seed=1, extra=spread * n)
+    with LocalJob(ir, timeout_s=30) as job:
+        res = job.run_v(c, inputs=sends, dtype=dtype, pass_displs=pass_displs, **kw)
+    assert res.stuck is None and res.dtype == dtype, res.stuck
+    if pass_displs is False:
+        # the kernels took packed displacements: the definition at those, where it lands
+        want = _oracle([list(x) for x in sends], c.tolist(), recv_lens=kw["recv_lens"])
+        for d in range(n):
+            assert all(res.outputs[d][e] == v for e, v in enumerate(want[d]) if v is not None), d
+    else:
+        _check(res, sends, c, sd=sd, rd=rd, recv_lens=kw["recv_lens"])
+
+
+@needs_gxx
+def test_a_jobs_alltoallv_grows_its_fifos_to_the_call():
+    """FIFOs made small grow on a job's AllToAllv run to what the call needs (more than they held,
+    at most the compiled slot), never shrink, and every run is the definition."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_alltoall(3), chunk_bytes=4096)
+    rng = np.random.default_rng(5)
+    with LocalJob(ir, timeout_s=30, fifo_bytes=256) as job:
+        small = job.fifo_capacity
+        assert job.grow_fifos and small < 4096
+        for total in (300, 30, 900):
+            c = rng.integers(0, total // 3, size=(3, 3))
+            sends = _inputs(c, "float32", seed=total)
+            before = job.fifo_capacity
+            res = job.run_v(c, inputs=sends)
+            _check(res, sends, c)
+            assert before <= job.fifo_capacity <= 4096
+        assert job.fifo_capacity > small
+
+
+@needs_gxx
 def test_a_jobs_alltoallv_refuses_what_the_buffers_cannot_take_before_any_call():
     from hccc.runtime.local_job import LocalJob
     ir = build_program(gen.ring_alltoall(3))

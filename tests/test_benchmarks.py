@@ -139,6 +139,21 @@ def test_job_setup_benchmark_times_both_launchers(capsys):
     assert rows[3][:2] == ["2", "job/runner"] and rows[3][3].endswith("x")
 
 
+def test_job_setup_benchmark_workload_times_both_launchers(capsys, monkeypatch):
+    """benchmarks/job_setup.py --workload: a row per launcher with positive times and the job's
+    as a multiple of the runner's (one small program here)."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not installed")
+    js = _load("job_setup")
+    monkeypatch.setattr(js, "WORKLOAD", [(js.gen.ring_allreduce, 2)])
+    js.main(["--workload", "--reps", "1"])
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines()]
+    assert rows[0] == ["launcher", "wall", "s", "CPU", "s"]
+    assert [r[0] for r in rows[1:3]] == ["Runner", "LocalJob"]
+    assert all(float(x) > 0 for r in rows[1:3] for x in r[1:])
+    assert rows[3][0] == "job/runner:" and rows[3][1].endswith("x")
+
+
 def test_fusion_benchmark_rows(capsys):
     """benchmarks/fusion.py: side-by-side rows; fusion never adds HBM traffic and saves some on a
     ring broadcast (every forward fused)."""

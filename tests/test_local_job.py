@@ -309,11 +309,13 @@ def test_ranks_launched_as_one_grid_make_one_launch_of_every_ranks_blocks(direct
     with LocalJob(ir, timeout_s=30, proto="simple") as job:
         seen = []
         for r, comm in enumerate(job.comms):
-            pf = comm._pf
-            real, real_grid = comm._launch, pf.launch_grid
+            real = comm._launch
             comm._launch = lambda *a, r=r, real=real, **k: (seen.append(("launch", r)), real(*a, **k))[1]
-            pf.launch_grid = (lambda fn, grid, *a, r=r, real=real_grid, **k:
-                              (seen.append(("grid", r, grid)), real(fn, grid, *a, **k))[1])
+        # the ranks' platform objects (one, shared, on the CPU emulation): a launch names its owner
+        for pf in {id(c._pf): c._pf for c in job.comms}.values():
+            owners = [r for r, c in enumerate(job.comms) if c._pf is pf]
+            pf.launch_grid = (lambda fn, grid, *a, owners=owners, real=pf.launch_grid, **k:
+                              (seen.append(("grid", owners[0], grid)), real(fn, grid, *a, **k))[1])
         for _ in range(2):
             got = job.collective(inputs, count, together=True, one_grid=True, direct=direct)
             assert all(np.array_equal(g, w) for g, w in zip(got, want))
@@ -549,6 +551,82 @@ def test_a_jobs_bfloat16_run_hands_the_ranks_torch_tensors_and_is_the_runners(ho
 
 
 @needs_gxx
+def test_a_jobs_run_chooses_the_one_grid_launch_where_it_can_as_the_runner_does():
+    """``one_grid=None``: ranks of one platform on one device launch as one grid (one launch of
+    every rank's blocks, counted by a spy); a mixed-vendor job, and a platform that keeps fewer
+    blocks of a launch resident than the grid has, launch a kernel per rank; the runs are the
+    collective's definition either way."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+
+    def grids(job) -> list:
+        seen = []
+        for pf in {id(c._pf): c._pf for c in job.comms}.values():
+            pf.launch_grid = (lambda fn, grid, *a, real=pf.launch_grid, **k:
+                              (seen.append(grid), real(fn, grid, *a, **k))[1])
+        return seen
+    with LocalJob(ir, timeout_s=30) as job:
+        seen = grids(job)
+        assert job.grid_usable("float32", "sum")
+        res = job.run(99, one_grid=None)
+        assert res.ok and seen == [sum(c.grid for c in job.comms)], (res.stuck, seen)
+        job.comms[0]._pf.resident_blocks = 1            # partial residency: a launch per rank
+        assert not job.grid_usable("float32", "sum")
+        job.comms[0]._pf.resident_blocks = None
+    with LocalJob(ir, timeout_s=30, platforms=["cuda", "hip", "cuda"]) as job:
+        seen = grids(job)
+        assert not job.grid_usable("float32", "sum")
+        res = job.run(99, one_grid=None)
+        assert res.ok and seen == [], (res.stuck, seen)
+
+
+@needs_gxx
+def test_a_jobs_direct_mode_off_generates_every_primitive_through_the_fifo():
+    """``direct="off"``, as the runner takes it: the ranks' sources have no direct-mode write
+    (the ones "auto" has, for a program whose receives are proven safe), and the runs launched
+    with the peers array are the collective's definition either way; an unknown mode is refused."""
+    from hccc.runtime.local_job import LocalJob
+    ir = load_program(Path(__file__).resolve().parent.parent / "examples" / "ring_allgather_8.rccl")
+
+    def writes(job):
+        gendir = job.comms[0]._prog.gendir
+        return sum(f.read_text().count(m) for f in gendir.iterdir() if f.suffix in (".cu", ".hip")
+                   for m in ("HCCC_PX(", "HCCC_PWX("))
+    for mode, some in (("auto", True), ("off", False)):
+        with LocalJob(ir, timeout_s=30, direct=mode) as job:
+            assert (writes(job) > 0) == some, mode
+            res = job.run(8 * 64, proto="simple", direct=True)
+            assert res.ok, (mode, res.stuck, res.first_wrong)
+    with pytest.raises(ValueError, match="unknown direct mode 'on'"):
+        LocalJob(ir, timeout_s=30, direct="on")
+
+
+@needs_gxx
+def test_a_jobs_run_takes_the_callers_inputs_and_may_leave_the_outputs_unchecked():
+    """``inputs`` (one array per rank, laid out as the runner takes them) replace the oracle's:
+    the outputs are the collective's definition on them (a sum over the ranks) and the runner's;
+    inputs that do not fit the layout are refused naming the rank; ``check=False`` compares
+    nothing, as the runner's run(check=False) says it."""
+    from hccc.runtime.launcher import Runner
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    x = [np.random.default_rng(r).integers(-50, 50, 99).astype(np.float32) for r in range(3)]
+    with LocalJob(ir, timeout_s=30) as job, Runner(ir, "cpu", "float32", "sum") as runner:
+        got = job.run(99, inputs=x)
+        want = runner.run(count=99, inputs=x, keep_outputs=True)
+        assert got.ok and want.ok, (got.stuck, got.first_wrong)
+        assert all(np.array_equal(g, sum(x)) and np.array_equal(g, w) for g, w in zip(got.outputs, want.outputs))
+        with pytest.raises(ValueError, match="rank 1: this program's input buffer holds 99 elements"):
+            job.run(99, inputs=[x[0], x[1][:98], x[2]])
+        with pytest.raises(ValueError, match="expected 3 input arrays, got 2"):
+            job.run(99, inputs=x[:2])
+        got, want = job.run(99, check=False), runner.run(count=99, check=False)
+        assert got.stuck is None and got.ok == want.ok
+        assert (got.collective_wrong, got.oracle, got.checks, got.wrong) == (
+            want.collective_wrong, want.oracle, want.checks, want.wrong) == (-1, None, 0, 0)
+
+
+@needs_gxx
 @pytest.mark.parametrize("one_grid", [False, True])
 def test_a_run_whose_blocks_cannot_all_be_resident_is_refused_before_any_call(one_grid):
     """Threads per block asked for one run: where a rank's blocks (or the one grid's) would not all
@@ -577,7 +655,7 @@ def test_a_kernel_past_the_jobs_watchdog_is_aborted_and_a_runs_timeout_is_the_ke
         t0 = time.monotonic()
         res = job.run(16)
         assert time.monotonic() - t0 < 15 and not res.ok
-        assert "kernel still running after 0.5 s" in res.stuck, res.stuck
+        assert "host watchdog: kernel still running after 0.5 s" in res.stuck, res.stuck   # as the runner says
         for c in job.comms:
             c.watchdog_s = None
         res = job.run(16, timeout_s=0.3)
@@ -614,6 +692,57 @@ def test_a_jobs_fifos_grow_on_every_rank_and_its_calls_go_on(codegen):
             res = job.run(300, proto=proto)
             assert res.ok and res.proto == proto, (res.stuck, res.first_wrong)
         assert all(np.array_equal(g, want) for g in job.collective(x, 300, together=True))
+
+
+@needs_gxx
+@settings(max_examples=6, deadline=None)
+@given(calls=st.lists(st.tuples(st.integers(1, 1500), st.sampled_from(["simple", "ll", "auto"]),
+                                st.sampled_from(["auto", 16, 64])), min_size=1, max_size=4))
+def test_a_jobs_fifos_grow_with_its_runs_as_the_runners_do(calls):
+    """FIFOs made small grow with each run by themselves to what the call needs, never shrink,
+    exactly as the single-process runner's (its own FIFO book, started at the same capacity); every
+    run is the collective's definition."""
+    from hccc.runtime.launcher import Runner
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=1024)
+    with LocalJob(ir, timeout_s=30, fifo_bytes=256) as job:
+        small = job.fifo_capacity
+        assert job.grow_fifos and small < 1024
+        with Runner(ir, "cpu", "float32", "sum", timeout_s=30, fifo_capacity=small) as runner:
+            assert runner.fifo_capacity == small
+            for count, proto, slice_bytes in calls:
+                res = job.run(count, proto=proto, slice_bytes=slice_bytes)
+                want = runner.run(count=count, proto=proto, slice_bytes=slice_bytes)
+                assert res.ok and want.ok, (res.stuck, want.stuck)
+                assert job.fifo_capacity == runner.fifo_capacity, (count, proto, slice_bytes)
+                assert all(c.chunk_bytes == job.fifo_capacity for c in job.comms)
+
+
+@needs_gxx
+def test_a_mixed_vendor_job_runs_each_platforms_ranks_from_its_own_sources():
+    """A ProgramIR with CUDA and HIP ranks (``platforms``, as the runner takes them): the ranks of
+    each platform share one CPU emulation of that platform's sources, their library holds their
+    kernels only, and the job's runs are the collective's definition; platforms that do not fit
+    the program are refused before any rank is made, naming the entry."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=64)
+    plats = ["cuda", "hip", "hip", "cuda"]
+    x = [np.arange(50, dtype=np.float32) * (r + 1) for r in range(4)]
+    with LocalJob(ir, timeout_s=30, platforms=plats) as job:
+        assert [c.rank_platform[c.rank] for c in job.comms] == plats
+        assert [c._pf.source_platform for c in job.comms] == plats
+        assert len({id(c._pf) for c in job.comms}) == 2
+        assert job.comms[0]._pf is job.comms[3]._pf and job.comms[1]._pf is job.comms[2]._pf
+        libs = [c._kernels[("float32", "sum")].module.path for c in job.comms]
+        assert libs[0] == libs[3] != libs[1] == libs[2]
+        assert all(np.array_equal(g, sum(x)) for g in job.collective(x, 50))
+        for proto in ("simple", "ll"):
+            res = job.run(300, proto=proto)
+            assert res.ok and res.proto == proto, (res.stuck, res.first_wrong)
+    with pytest.raises(ValueError, match="rank 2: unknown platform 'rocm'"):
+        LocalJob(ir, timeout_s=30, platforms=["cuda", "hip", "rocm", "cuda"])
+    with pytest.raises(ValueError, match="3 rank platforms for a program of 4 ranks"):
+        LocalJob(ir, timeout_s=30, platforms=["cuda"] * 3)
 
 
 @needs_gxx
@@ -695,7 +824,7 @@ def test_no_rank_frees_memory_a_peers_runaway_kernel_may_touch():
     freed = []
     for c in job.comms:
         c._owned.release = lambda kernel_running, r=c.rank: freed.append((r, kernel_running))
-    job.comms[1]._broken = "kernel still running after 1 s; the kernel ignores the abort flag"
+    job.comms[1]._broken = "host watchdog: kernel still running after 1 s; the kernel ignores the abort flag"
     job.close()
     assert sorted(freed) == [(0, True), (1, True)]
 
@@ -731,7 +860,8 @@ def test_ctrl_c_during_a_call_stops_every_rank_at_once_and_the_job_runs_again():
 def test_a_jobs_ranks_build_their_library_once_where_their_platforms_build_alike(monkeypatch):
     """Ranks whose platforms promise the same builds (equal :meth:`Platform.build_identity`: the
     CPU emulation's toolchain, cache and source platform) build, or find in the cache, their one
-    library once for the job; every rank loads it. Platforms that differ in a build input differ
+    library once for the job, and run on one platform object of the job, which loads it once.
+    Platforms that differ in a build input differ
     in identity; a platform that promises nothing has none."""
     from hccc.runtime.cpu import CpuPlatform
     from hccc.runtime.local_job import LocalJob
@@ -752,7 +882,8 @@ def test_a_jobs_ranks_build_their_library_once_where_their_platforms_build_alike
     with LocalJob(ir, timeout_s=30) as job:
         assert len(builds) == 1
         assert len({c._kernels[("float32", "sum")].module.path for c in job.comms}) == 1
-        assert len({id(c._pf) for c in job.comms}) == 3
+        assert len({id(c._pf) for c in job.comms}) == 1        # one platform, the module loaded once
+        assert len({id(c._kernels[("float32", "sum")].module) for c in job.comms}) == 1
         got = job.collective([np.full(6, r + 1, np.float32) for r in range(3)], 6, together=True)
         assert all(np.array_equal(g, np.full(6, 6, np.float32)) for g in got)
 
