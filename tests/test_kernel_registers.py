@@ -195,22 +195,29 @@ def test_table_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, dtyp
 # entries), each unit's ``ptxas -v`` read entry by entry and its machine code by function. Known
 # spills, each with its cause (strict: a fix shows as an unexpected pass):
 KNOWN_SPILLS = {
-    # the one-grid entry's engine spills the sync lane's unit counter (8 B stored, 12 loaded) in
-    # the library's unit only: the runtime's own compile of the same instance (translation_unit,
-    # the emitted block's HCCC_ASYNC_THREADS) spills nothing, so ptxas's allocation of that copy
-    # of the engine, not the element type's data path, is at the edge (float64 max / min's spill,
-    # the data loop's round counter, was the data path: hccc_costly_reduce)
-    ("float64", "sum", "grid"): "one-grid engine of the library unit spills the sync lane's unit counter (8 B)",
-    ("float64", "avg", "grid"): "one-grid engine of the library unit spills the sync lane's unit counter (8 B)",
+    # the one-grid entries of float64 sum and avg spill the sync lane's unit counter in their engine
+    # (8 B stored, 12 loaded) where both are compiled in one translation unit (the library's unit 1
+    # built with -DHCCC_TABLE_GRID_KERNELS=1; the default library has no one-grid entries): either
+    # alone spills nothing, nor does the runtime's own compile of one instance (translation_unit),
+    # so the register allocation of that copy of the engine, not the element type's data path, is at
+    # the edge (float64 max / min's spill, the data loop's round counter, was the data path:
+    # hccc_costly_reduce). The same functions are compiled either way; why sharing the
+    # once-per-block callees (hccc_launch_init<double>, ...) moves the engine's allocation is not
+    # established
+    ("float64", "sum", "grid"): "float64 sum and avg one-grid engines in one unit spill the sync lane's unit counter (8 B)",
+    ("float64", "avg", "grid"): "float64 sum and avg one-grid engines in one unit spill the sync lane's unit counter (8 B)",
 }
 
 
 def _instance_params():
+    from hccc.compiler.backend.table_units import default_units
     from hccc.util.dtypes import instances
+    # (the float64 sum / avg spill only where the two share a unit)
+    shared = any({("float64", "sum"), ("float64", "avg")} <= set(u.instances) for u in default_units())
     out = []
     for d, o in instances():
         for kind in ("rank", "grid"):
-            reason = KNOWN_SPILLS.get((d.name, o.name, kind))
+            reason = KNOWN_SPILLS.get((d.name, o.name, kind)) if shared else None
             marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
             out.append(pytest.param(d.name, o.name, kind, marks=marks, id=f"{d.name}-{o.name}-{kind}"))
     return out
