@@ -644,7 +644,8 @@ extern "C" __global__ void probe_wait_fence(const uint64_t* f, const hccc_v16* d
   hccc_acquire_peer();
   hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
 }
-extern "C" __global__ void probe_wait_acquire_load(const uint64_t* f, const hccc_v16* d, hccc_v16* o, uint64_t need) {
+extern "C" __global__ void probe_wait_acquire_load(const uint64_t* f, const hccc_v16* d, hccc_v16* o,
+                                                   uint64_t need) {
   for (;;) {
     uint64_t v;
     asm volatile("ld.acquire." PS ".global.u64 %0, [%1];" : "=l"(v) : "l"(f) : "memory");
@@ -658,7 +659,8 @@ extern "C" __global__ void probe_post_fence(const hccc_v16* d, hccc_v16* o, uint
   hccc_post_peer(t, v);
   hccc_post_peer(h, v);
 }
-extern "C" __global__ void probe_post_release_stores(const hccc_v16* d, hccc_v16* o, uint64_t* t, uint64_t* h, uint64_t v) {
+extern "C" __global__ void probe_post_release_stores(const hccc_v16* d, hccc_v16* o, uint64_t* t, uint64_t* h,
+                                                     uint64_t v) {
   hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
   asm volatile("st.release." PS ".global.u64 [%0], %1;" :: "l"(t), "l"(v) : "memory");
   asm volatile("red.release." PS ".global.add.u64 [%0], %1;" :: "l"(h), "l"(v) : "memory");

@@ -204,8 +204,8 @@ KNOWN_SPILLS = {
     # hccc_costly_reduce). The same functions are compiled either way; why sharing the
     # once-per-block callees (hccc_launch_init<double>, ...) moves the engine's allocation is not
     # established
-    ("float64", "sum", "grid"): "float64 sum and avg one-grid engines in one unit spill the sync lane's unit counter (8 B)",
-    ("float64", "avg", "grid"): "float64 sum and avg one-grid engines in one unit spill the sync lane's unit counter (8 B)",
+    ("float64", "sum", "grid"): "float64 sum and avg one-grid engines in one unit: the sync lane's counter spills",
+    ("float64", "avg", "grid"): "float64 sum and avg one-grid engines in one unit: the sync lane's counter spills",
 }
 
 
