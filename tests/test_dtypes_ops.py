@@ -249,6 +249,27 @@ def test_float64_max_nan_loses(pf):
                 np.testing.assert_array_equal(res.outputs[r], want)
 
 
+
+@needs_gxx
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_float64_max_min_through_whole_warp_blocks(pf, op):
+    """float64 max / min move whole warps' blocks two vectors a source (hccc_costly_reduce, as
+    int64 products do): 96 threads (two whole data warps) over chunks of thousands of elements,
+    NaNs mixed in, in and out of place, against numpy's fmax / fmin."""
+    n = 4
+    ir = build_program(G.ring_allreduce(n), chunk_bytes=16 * 1024)
+    rng = np.random.default_rng(7)
+    count = 8 * 1024 + 13
+    xs = [rng.standard_normal(count) * 1e10 for _ in range(n)]
+    for r in range(n):
+        xs[r][rng.integers(0, 5, count) == 0] = np.nan
+    want = (np.fmax if op == "max" else np.fmin).reduce(np.stack(xs), axis=0)
+    with Runner(ir, pf, "float64", op, nthreads=96) as runner:
+        for inplace in (False, True):
+            res = _run(runner, [x.copy() for x in xs], inplace)
+            for r in range(n):
+                np.testing.assert_array_equal(res.outputs[r], want)
+
 # ---------------------------------------------------------------------------- the whole matrix
 def _edge_inputs(dtype: str, op: str, n: int, count: int, seed: int) -> list[np.ndarray]:
     """Random values over the type's whole range with its edges mixed in (max, min, -0.0, NaN and

@@ -630,6 +630,88 @@ def test_the_receive_to_post_path_has_at_most_three_dependent_round_trips_in_sas
     assert trips <= ROUND_TRIPS, (trips, after_poll, hops)
 
 
+#: sm_90 probes: the platform's wait (relaxed polls, then hccc_acquire_peer) and post (one
+#: hccc_release_peer, two relaxed flag stores) against the acquire load and release store forms
+ORDER_PROBE = r"""
+#include "hccc_platform.h"
+#if HCCC_SINGLE_GPU
+#define PS "gpu"
+#else
+#define PS "sys"
+#endif
+extern "C" __global__ void probe_wait_fence(const uint64_t* f, const hccc_v16* d, hccc_v16* o, uint64_t need) {
+  while (hccc_poll_peer(f) < need) {}
+  hccc_acquire_peer();
+  hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
+}
+extern "C" __global__ void probe_wait_acquire_load(const uint64_t* f, const hccc_v16* d, hccc_v16* o,
+                                                   uint64_t need) {
+  for (;;) {
+    uint64_t v;
+    asm volatile("ld.acquire." PS ".global.u64 %0, [%1];" : "=l"(v) : "l"(f) : "memory");
+    if (v >= need) break;
+  }
+  hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
+}
+extern "C" __global__ void probe_post_fence(const hccc_v16* d, hccc_v16* o, uint64_t* t, uint64_t* h, uint64_t v) {
+  hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
+  hccc_release_peer();
+  hccc_post_peer(t, v);
+  hccc_post_peer(h, v);
+}
+extern "C" __global__ void probe_post_release_stores(const hccc_v16* d, hccc_v16* o, uint64_t* t, uint64_t* h,
+                                                     uint64_t v) {
+  hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
+  asm volatile("st.release." PS ".global.u64 [%0], %1;" :: "l"(t), "l"(v) : "memory");
+  asm volatile("red.release." PS ".global.add.u64 [%0], %1;" :: "l"(h), "l"(v) : "memory");
+}
+"""
+
+
+@pytest.mark.parametrize("single", [False, True])
+def test_sm90_wait_and_post_are_the_narrowest_forms(sources, tmp_path, single):
+    """The memory order's narrowest forms on sm_90 (docs/kernel-protocol.md, "The narrowest
+    ordering"), on the platform's own functions: an acquire at GPU or system scope is an L1
+    invalidation (CCTL.IVALL) whatever its form, so the relaxed polls and one fence pay one, after
+    the spin, where an acquire load pays one on every poll; a release is a MEMBAR whatever its
+    form, so one fence serves a unit's flags, where a release store or reduction pays one each.
+    Peer scope: MEMBAR.SYS across GPUs, MEMBAR.GPU in single-GPU builds. The data's 16-byte loads
+    bypass L1 (.cg: strong GPU-scope loads in SASS)."""
+    tool = require_tool("nvcc")
+    dis = _nvdisasm()
+    if dis is None:
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    d, _ = sources["cuda"]
+    src = tmp_path / "probe.cu"
+    src.write_text(ORDER_PROBE)
+    cubin = tmp_path / "probe.cubin"
+    res = subprocess.run([tool, *cuda_flags("sm_90", single), "-I", str(d), "-o", str(cubin), str(src)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = subprocess.run([dis, "-c", str(cubin)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    funcs = sass_functions(out.stdout)
+    count = lambda f, pat: sum(1 for x in funcs[f] if re.search(pat, x))
+    fence_ins, acq_ins = funcs["probe_wait_fence"], funcs["probe_wait_acquire_load"]
+    # the fence form: one invalidation, after the spin's last poll (none between the poll and its branch back)
+    assert count("probe_wait_fence", r"\bCCTL\.IVALL\b") == 1
+    poll = [i for i, x in enumerate(fence_ins) if re.search(r"\bLDG\.E\.64\.STRONG", x)]
+    inval = [i for i, x in enumerate(fence_ins) if re.search(r"\bCCTL\.IVALL\b", x)]
+    assert poll and inval[0] > max(poll), (poll, inval)
+    # the acquire load: its invalidation is in the spin (before the branch back to the poll)
+    apoll = [i for i, x in enumerate(acq_ins) if re.search(r"\bLDG\.E\.64\.STRONG", x)]
+    ainval = [i for i, x in enumerate(acq_ins) if re.search(r"\bCCTL\.IVALL\b", x)]
+    back = [i for i, x in enumerate(acq_ins) if re.search(r"@!?P\d\s+BRA\b", x)]
+    assert apoll and ainval and back and any(apoll[0] < j < b for j in ainval for b in back), (apoll, ainval, back)
+    # the data loads bypass L1 in both: strong GPU-scope 16-byte loads
+    assert any(re.search(r"\bLDG\.E\.128\.STRONG\.GPU\b", x) for x in fence_ins)
+    # posts: one MEMBAR at peer scope for two flags, against one per release store / reduction
+    scope = "GPU" if single else "SYS"
+    assert count("probe_post_fence", rf"\bMEMBAR\.\w+\.{scope}\b") == 1
+    assert count("probe_post_fence", r"\bMEMBAR\b") == 1
+    assert count("probe_post_release_stores", rf"\bMEMBAR\.\w+\.{scope}\b") == 2
+
+
 @pytest.mark.parametrize("single", [False, True])
 def test_gfx90a_release_writes_back_l2_only_across_gpus_and_spin_loops_sleep(sources, single):
     """gfx90a: a unit's release writes the L2 back (buffer_wbl2) only across GPUs, and its acquire

@@ -19,7 +19,11 @@ so carry that path too. The specialised kernels' blocks decode their primitives 
 (hccc.compiler.backend.prim_table; an AllToAll program's load each one): with it, a kernel's shared
 memory stays within CUDA's 48 KiB of static shared memory per block. ``ptxas -v`` is read entry by
 entry: ptxas compiles the engine again for each kernel, and the one-grid entry's copy is not the
-rank kernels' (it held the program in registers and spilled where they did not)."""
+rank kernels' (it held the program in registers and spilled where they did not).
+Every default (dtype, op) instance is checked in the table-mode library: its units
+(hccc.compiler.backend.table_units) built once as its Makefile builds them (system scope, with the
+one-grid entries), each kernel's ``ptxas -v`` and machine code read; the spills known there are
+listed with their cause (KNOWN_SPILLS) and expected to fail."""
 from __future__ import annotations
 
 import json
@@ -184,3 +188,98 @@ def test_table_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, dtyp
         assert v["spill_stores"] == 0 and v["spill_loads"] == 0, (name, v)
     assert any("hccc_v_round" in n for n in rep), sorted(rep)
     _check_sass(src.with_suffix(".cubin"))
+
+
+# The table-mode library's kernels, every default (dtype, op) instance: one build of its units
+# (hccc.compiler.backend.table_units, the library's Makefile flags: system scope, with the one-grid
+# entries), each unit's ``ptxas -v`` read entry by entry and its machine code by function. Known
+# spills, each with its cause (strict: a fix shows as an unexpected pass):
+KNOWN_SPILLS = {
+    # the one-grid entries of float64 sum and avg spill the sync lane's unit counter in their engine
+    # (8 B stored, 12 loaded) where both are compiled in one translation unit (the library's unit 1
+    # built with -DHCCC_TABLE_GRID_KERNELS=1; the default library has no one-grid entries): either
+    # alone spills nothing, nor does the runtime's own compile of one instance (translation_unit),
+    # so the register allocation of that copy of the engine, not the element type's data path, is at
+    # the edge (float64 max / min's spill, the data loop's round counter, was the data path:
+    # hccc_costly_reduce). The same functions are compiled either way; why sharing the
+    # once-per-block callees (hccc_launch_init<double>, ...) moves the engine's allocation is not
+    # established
+    ("float64", "sum", "grid"): "float64 sum and avg one-grid engines in one unit: the sync lane's counter spills",
+    ("float64", "avg", "grid"): "float64 sum and avg one-grid engines in one unit: the sync lane's counter spills",
+}
+
+
+def _instance_params():
+    from hccc.compiler.backend.table_units import default_units
+    from hccc.util.dtypes import instances
+    # (the float64 sum / avg spill only where the two share a unit)
+    shared = any({("float64", "sum"), ("float64", "avg")} <= set(u.instances) for u in default_units())
+    out = []
+    for d, o in instances():
+        for kind in ("rank", "grid"):
+            reason = KNOWN_SPILLS.get((d.name, o.name, kind)) if shared else None
+            marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+            out.append(pytest.param(d.name, o.name, kind, marks=marks, id=f"{d.name}-{o.name}-{kind}"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def table_library(tmp_path_factory):
+    """The table-mode library's units compiled for sm_90 (two at a time): per unit, every
+    function's ``ptxas -v`` report (entry by entry) and the machine code by function."""
+    from concurrent.futures import ThreadPoolExecutor
+    from hccc.compiler.backend.table_codegen import generate_table
+    from hccc.compiler.backend.table_units import default_units
+    tool = require_tool("nvcc")
+    sass = nvdisasm()
+    if sass is None:
+        if os.environ.get("HCCC_REQUIRE_COMPILERS"):
+            pytest.fail("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    out = tmp_path_factory.mktemp("table_library")
+    ir = load_program(ROOT / "examples" / "direct_alltoall_8.rccl")
+    generate_table(ir, out, platforms=["cuda"] * ir.nranks)
+    units = default_units()
+
+    def build(unit):
+        src = out / unit.source("cuda")
+        cubin = src.with_suffix(".cubin")
+        res = subprocess.run([tool, *cuda_flags("sm_90", False), "-DHCCC_TABLE_GRID_KERNELS=1", "-Xptxas", "-v",
+                              "-I", str(out), "-o", str(cubin), str(src)], capture_output=True, text=True, timeout=1800)
+        assert res.returncode == 0, res.stderr[-3000:]
+        dis = subprocess.run([sass, "-c", str(cubin)], capture_output=True, text=True, timeout=600)
+        assert dis.returncode == 0, dis.stderr[-2000:]
+        return _per_entry(res.stderr), sass_functions(dis.stdout)
+
+    with ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(build, units))
+    return {inst: built[i] for i, u in enumerate(units) for inst in u.instances}, units
+
+
+def test_table_library_holds_every_instance_once(table_library):
+    from hccc.util.dtypes import instances
+    by_instance, units = table_library
+    want = {(d.name, o.name) for d, o in instances()}
+    assert set(by_instance) == want
+    for u in units:
+        rep, _ = by_instance[u.instances[0]]
+        entries = {k for k, v in rep.items() if "registers" in v and k != "hccc_runtime_gate"}
+        assert entries == {f"hccc_table{g}_{d}_{o}" for d, o in u.instances for g in ("", "_grid")}, u
+
+
+@pytest.mark.parametrize("dtype,op,kind", _instance_params())
+def test_every_table_instance_keeps_to_64_registers_no_spill_no_local_memory(table_library, dtype, op, kind):
+    by_instance, _ = table_library
+    rep, funcs = by_instance[(dtype, op)]
+    entry = f"hccc_table{'_grid' if kind == 'grid' else ''}_{dtype}_{op}"
+    mine = {k: v for k, v in rep.items() if k == entry or k.startswith(entry + "/")}
+    assert entry in mine and "registers" in mine[entry], sorted(rep)[:20]
+    assert mine[entry]["registers"] <= BUDGET, mine[entry]
+    assert mine[entry]["cumulative_stack"] <= STACK_BYTES, mine[entry]
+    assert any("hccc_run" in k for k in mine), sorted(mine)
+    for name, v in mine.items():
+        assert v["spill_stores"] == 0 and v["spill_loads"] == 0, (name, v)
+    code = {k: b for k, b in funcs.items() if k == entry or k.startswith(f"${entry}$")}
+    assert any("hccc_runI" in k for k in code), sorted(code)
+    for name, body in code.items():
+        assert not any(SASS_LOCAL.search(x) for x in body), (name, [x for x in body if SASS_LOCAL.search(x)][:3])

@@ -27,7 +27,8 @@ LOADS = 8
 #: vectors a thread loads per source before its first store when it reduces two sources
 LOADS_REDUCE = 4
 #: the same for pieces whose elements cost several instructions each (AVG's scaled pieces, uint8
-#: reductions, int64 products): ptxas -v spills four vectors a source of these
+#: reductions, 8-byte products, float64 max / min: ``hccc_costly_reduce``): ptxas -v spills four
+#: vectors a source of these (float64 max / min: 8 bytes of ``hccc_run`` in every kernel)
 LOADS_SCALE = 2
 
 #: vectors a data thread loads into shared memory besides its registers' (a copy's; a reduction
