@@ -674,6 +674,11 @@ def allreduce_volume_bound_seconds(net: Network, total_bytes: float) -> float:
     after then, so ``2 (k-1) M / C_k`` with ``C_k`` the smaller sum of what can leave and enter
     each part; the largest of these is returned (on 8 nodes whose NICs are the bottleneck it is
     ReduceScatter + AllGather's optimum, where the rank bound is far below it).
+
+    And with the ranks of one part P (a node) as units and the rest of the cluster as one more
+    (:func:`_part_partitions`): ``2 |P| M / C_P``. On two nodes whose NICs are the narrowest cut
+    this is what the cut misses: every element still moves 2(|P|-1) times inside P or through its
+    NICs, which the NICs, busy with the cut's own traffic, cannot relieve (docs/bounds.md).
     """
     n = net.nranks
     if n <= 1:
@@ -681,7 +686,8 @@ def allreduce_volume_bound_seconds(net: Network, total_bytes: float) -> float:
     if net.bw is None or net.gbw is None:
         raise ValueError("the network has no bandwidth view")
     best = 0.0
-    for part in [np.arange(n)] + [np.unique(np.asarray(lv), return_inverse=True)[1] for lv in net.levels]:
+    levels = [np.unique(np.asarray(lv), return_inverse=True)[1] for lv in net.levels]
+    for part in [np.arange(n)] + levels + _part_partitions(net, levels):
         k = int(part.max()) + 1
         if k < 2:
             continue
@@ -692,6 +698,44 @@ def allreduce_volume_bound_seconds(net: Network, total_bytes: float) -> float:
             raise ValueError("the cluster is not strongly connected")
         best = max(best, 2.0 * (k - 1) * float(total_bytes) / cap)
     return best
+
+
+#: at most this many parts of each level get a partition of their own in the traffic bound (parts
+#: alike, of one size with the same rates on their pairs and groups, are counted once): each is one
+#: vectorised capacity sum over the pairs, so 64 parts of a 1,024-GPU cluster stay well under a second
+PART_PARTITIONS_MAX = 64
+
+
+def _part_partitions(net: Network, levels: list[np.ndarray]) -> list[np.ndarray]:
+    """For each level and each kind of its parts P (up to :data:`PART_PARTITIONS_MAX`), the
+    partition whose units are P's ranks one by one and the rest of the cluster as one: the traffic
+    argument over these ``|P| + 1`` units gives ``2 |P| M / C``. Parts of one rank add nothing
+    beyond the rank level; a level with one part has no rest."""
+    out: list[np.ndarray] = []
+    n = net.nranks
+    bw = np.asarray(net.bw, float)
+    rp, rg = net.pair_group_rows()
+    for lv in levels:
+        if int(lv.max()) < 1:
+            continue
+        seen: set = set()
+        for p in range(int(lv.max()) + 1):
+            members = np.flatnonzero(lv == p)
+            src, dst = lv[net.psrc] == p, lv[net.pdst] == p
+            touching = src | dst
+            key = (members.size,            # the part's kind: the rates of its pairs, in and out,
+                   tuple(np.sort(bw[src & dst]).tolist()), tuple(np.sort(bw[src & ~dst]).tolist()),
+                   tuple(np.sort(bw[dst & ~src]).tolist()),         # and of the groups on them
+                   tuple(np.sort(np.asarray(net.gbw, float)[np.unique(rg[touching[rp]])]).tolist()))
+            if members.size < 2 or key in seen:
+                continue
+            seen.add(key)
+            unit = np.full(n, members.size, np.int64)
+            unit[members] = np.arange(members.size)
+            out.append(unit)
+            if len(seen) >= PART_PARTITIONS_MAX:
+                break
+    return out
 
 
 def allreduce_bound_seconds(net: Network, total_bytes: float) -> float:
