@@ -700,41 +700,53 @@ def allreduce_volume_bound_seconds(net: Network, total_bytes: float) -> float:
     return best
 
 
-#: at most this many parts of each level get a partition of their own in the traffic bound (parts
-#: alike, of one size with the same rates on their pairs and groups, are counted once): each is one
-#: vectorised capacity sum over the pairs, so 64 parts of a 1,024-GPU cluster stay well under a second
-PART_PARTITIONS_MAX = 64
+#: pair visits the parts' partitions of the traffic bound may cost in all: each partition is two
+#: vectorised capacity sums over every pair (0.56 s for the 1,047,552 pairs of 1,024 GPUs on a loaded
+#: 2-core machine), so 4 M visits are about two partitions there, about what the rank and level
+#: partitions cost beside them, and every kind of node up to a few hundred GPUs. A budget of work,
+#: not of seconds, so every machine computes the same bound (valid with any subset of partitions)
+PART_PARTITIONS_PAIR_VISITS = 4_000_000
+#: partitions computed whatever the budget (the slowest kinds of node inside)
+PART_PARTITIONS_LEAST = 2
 
 
 def _part_partitions(net: Network, levels: list[np.ndarray]) -> list[np.ndarray]:
-    """For each level and each kind of its parts P (up to :data:`PART_PARTITIONS_MAX`), the
-    partition whose units are P's ranks one by one and the rest of the cluster as one: the traffic
-    argument over these ``|P| + 1`` units gives ``2 |P| M / C``. Parts of one rank add nothing
-    beyond the rank level; a level with one part has no rest."""
-    out: list[np.ndarray] = []
+    """For each level and each kind of its parts P, the partition whose units are P's ranks one by
+    one and the rest of the cluster as one: the traffic argument over these ``|P| + 1`` units gives
+    ``2 |P| M / C``. Parts of one kind (the same size and, rank by rank in order, the same rates
+    inside the part, out of it and into it, and of the groups on its ranks' pairs) count once; the
+    kinds slowest inside first (where the bound is tightest), as many as
+    :data:`PART_PARTITIONS_PAIR_VISITS` allows. Parts of one rank add nothing beyond the rank level;
+    a level with one part has no rest."""
     n = net.nranks
     bw = np.asarray(net.bw, float)
+    gbw = np.asarray(net.gbw, float) if net.gbw is not None else np.zeros(0)
     rp, rg = net.pair_group_rows()
+    kinds: dict = {}
     for lv in levels:
         if int(lv.max()) < 1:
             continue
-        seen: set = set()
+        inside = lv[net.psrc] == lv[net.pdst]
+        rate_in = np.bincount(net.psrc[inside], weights=bw[inside], minlength=n)
+        rate_out = np.bincount(net.psrc[~inside], weights=bw[~inside], minlength=n)
+        rate_into = np.bincount(net.pdst[~inside], weights=bw[~inside], minlength=n)
+        rate_groups = np.bincount(net.psrc[rp], weights=gbw[rg], minlength=n) if rg.size else np.zeros(n)
+        order = np.argsort(lv, kind="stable")
+        bounds = np.searchsorted(lv[order], np.arange(int(lv.max()) + 2))
         for p in range(int(lv.max()) + 1):
-            members = np.flatnonzero(lv == p)
-            src, dst = lv[net.psrc] == p, lv[net.pdst] == p
-            touching = src | dst
-            key = (members.size,            # the part's kind: the rates of its pairs, in and out,
-                   tuple(np.sort(bw[src & dst]).tolist()), tuple(np.sort(bw[src & ~dst]).tolist()),
-                   tuple(np.sort(bw[dst & ~src]).tolist()),         # and of the groups on them
-                   tuple(np.sort(np.asarray(net.gbw, float)[np.unique(rg[touching[rp]])]).tolist()))
-            if members.size < 2 or key in seen:
+            members = order[bounds[p]:bounds[p + 1]]
+            if members.size < 2:
                 continue
-            seen.add(key)
-            unit = np.full(n, members.size, np.int64)
-            unit[members] = np.arange(members.size)
-            out.append(unit)
-            if len(seen) >= PART_PARTITIONS_MAX:
-                break
+            key = (members.size, np.round(np.c_[rate_in[members], rate_out[members], rate_into[members],
+                                                rate_groups[members]], 6).tobytes())
+            if key not in kinds:
+                kinds[key] = (float(rate_in[members].sum()) / members.size, len(kinds), members)
+    most = max(PART_PARTITIONS_LEAST, PART_PARTITIONS_PAIR_VISITS // max(1, 2 * net.npairs))
+    out: list[np.ndarray] = []
+    for _, _, members in sorted(kinds.values(), key=lambda k: k[:2])[:most]:
+        unit = np.full(n, members.size, np.int64)
+        unit[members] = np.arange(members.size)
+        out.append(unit)
     return out
 
 
