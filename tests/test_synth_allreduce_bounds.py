@@ -67,6 +67,68 @@ def test_allreduce_traffic_bound_over_nodes(nodes):
     assert cut == pytest.approx(M / (8 * 50 * GB), rel=1e-12) and cut <= want
 
 
+def _switch_node(g: int, port_gbps: float, ports: int, nics: list[tuple[tuple[int, ...], float]]):
+    from hccc.compiler.cluster.topo_parser import NicSpec, NodeSpec, SharedSpec
+    switch = [SharedSpec((a,), tuple(b for b in range(g) if b != a), port_gbps, ports) for a in range(g)]
+    return NodeSpec(g, {"switch": switch}, nics=[NicSpec(gpus, gbps) for gpus, gbps in nics])
+
+
+def _two_nodes(a, b):
+    from hccc.compiler.cluster.topo_parser import ClusterSpec, InternodeSpec, format_topology
+    return parse_topology(format_topology(ClusterSpec([a, b], [InternodeSpec("all", "nic")])), "two.topo")
+
+
+def test_allreduce_traffic_bound_with_the_rest_as_one_part():
+    """Two NVSwitch nodes of 8 GPUs whose NICs (100 GB/s each way) are the narrowest cut: node A's
+    ports 300 GB/s, node B's 150 GB/s, each B GPU behind its own 12.5 GB/s NIC. Derived by hand
+    (docs/bounds.md): per element, the 8 ranks of B and the rest of the cluster as a ninth unit
+    need 2 x 8 messages between units; what can leave B's ranks is 8 x 150 + 100 GB/s and what can
+    leave the rest for B 100 GB/s: ``16 M / 1400 GB/s``, 1/0.875 of the cut bound ``M / 100 GB/s``
+    and above the rank and node traffic bounds."""
+    a = _switch_node(8, 25, 12, [((g, g + 1), 25) for g in range(0, 8, 2)])
+    b = _switch_node(8, 25, 6, [((g,), 12.5) for g in range(8)])
+    net = network_from_topology(_two_nodes(a, b))
+    cut = collective_cut_bound_seconds(net, "allreduce", net.nranks, 1, 0, M)
+    assert cut == pytest.approx(M / (100 * GB), rel=1e-12)
+    assert allreduce_bound_seconds(net, M) == pytest.approx(16 * M / (1400 * GB), rel=1e-12)
+    assert cut / allreduce_bound_seconds(net, M) == pytest.approx(0.875, rel=1e-12)
+
+
+@st.composite
+def _two_switch_nodes(draw):
+    """Two NVSwitch nodes of 2-3 GPUs, each with its NICs (one per GPU or one for the node), the
+    first of fast ports, the second of ports slow or fast: a slow node beside a fast one is where
+    the parts' partitions bound tightest."""
+    nodes = []
+    for rates in ([50, 150, 300], [10, 20, 50, 300]):
+        g = draw(st.integers(2, 3))
+        nic = draw(st.sampled_from([12.5, 25, 50, 100]))
+        nics = [((x,), nic) for x in range(g)] if draw(st.booleans()) else [(tuple(range(g)), nic)]
+        nodes.append(_switch_node(g, draw(st.sampled_from(rates)), 1, nics))
+    return _two_nodes(*nodes)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=_two_switch_nodes())
+def test_allreduce_bound_never_above_a_joint_packing_or_a_simulated_program(topo):
+    """The AllReduce bound (with the parts' partitions) is a lower bound: never above the link-model
+    time of an AllReduce that exists, the joint tree packing's whole chunks (its loads fit every
+    pair and group in that time), nor above any generator's AllReduce in the simulator."""
+    from hccc.compiler.frontend import generators as gen
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.synth.trees import pack_allreduce
+    from hccc.runtime.simulator import simulate
+
+    net = network_from_topology(topo)
+    n = net.nranks
+    bound = allreduce_bound_seconds(net, M)
+    ag, _ = pack_allreduce(net, pair_bw=net.bw, max_chunks=4, time_limit=20.0)
+    assert bound <= ag.rounded_time * M / n * (1 + 1e-9), (bound, ag.rounded_time * M / n)
+    for alg in (gen.ring_allreduce(n), gen.direct_allreduce(n)):
+        t = simulate(build_program(alg), topo, 1 << 24, slice_bytes="auto").time_s
+        assert t >= allreduce_bound_seconds(net, 1 << 24) * (1 - 1e-9), (alg.header.name, t)
+
+
 def test_allreduce_at_its_bound_skips_the_search(tmp_path, capsys, design_target_costs):
     """The tree AllReduce within 2 % of the AllReduce bound (here ReduceScatter + AllGather's
     optimum, by the traffic bound over nodes): the step search is not tried, whatever the cut

@@ -39,7 +39,8 @@ PRICED_PLAIN = 256
 
 #: with classes of several kinds of node, the LP over every root is also rounded where the LP of
 #: translates needs more chunks per rank than this, or has at most :data:`EVERY_ROOT_RANKS` ranks
-#: (and more than one chunk per rank), where that LP takes well under a second
+#: (and more than one chunk per rank, or none within the rounding tolerance), where that LP takes
+#: well under a second
 SEED_EVERY_ROOT_ABOVE = 8
 EVERY_ROOT_RANKS = 32
 

@@ -97,8 +97,8 @@ def pack_allreduce(net: Network, *, pair_bw: np.ndarray | None = None, max_chunk
 def _pack_by_classes(net: Network, cs: _Columns, sol: _LPSolution, t0: float, deadline: float, common: dict):
     """The classes' LP (``sol``, over ``cs``'s kinds of node) turned into packings: its trees under
     every element fixing their root seed the LP of translates, rounded per representative; where
-    that rounds only at many chunks per rank (or the cluster is small), also the LP over every root
-    (seeded with that LP's trees), the better rounding kept."""
+    that rounds only at many chunks per rank or not within the tolerance at all (or the cluster is
+    small), also the LP over every root (seeded with that LP's trees), the better rounding kept."""
     group, reps = cs.group, cs.reps
     seeds = _support_translates(cs, sol.y, lambda r: cs.perms[cs.perms[:, r] == r])
     class_s = clock.now() - t0
@@ -109,11 +109,15 @@ def _pack_by_classes(net: Network, cs: _Columns, sol: _LPSolution, t0: float, de
     k_cls = out[0].chunks_per_rank
     n = net.nranks
     opt = common["options"]
-    if (k_cls > opt.seed_every_root_above or 1 < k_cls and n <= opt.every_root_ranks) and deadline > clock.now():
+    p0 = out[0]
+    short = p0.rounded_time > p0.lp_time * (1 + common["round_tol"])    # no K within the tolerance
+    if (k_cls > opt.seed_every_root_above or (1 < k_cls or short) and n <= opt.every_root_ranks) and \
+            deadline > clock.now():
         # a representative's K chunks go to its whole class alike; where that rounds only at
-        # many chunks per rank (or the cluster is small), the LP over every root (seeded with
-        # the translates of that LP's trees, an optimal solution) rounds each rank apart,
-        # often at fewer
+        # many chunks per rank, or not within the tolerance at the chunks allowed (one chunk per
+        # rank on two NVSwitch nodes of unlike ports: 0.288 of the bound over translates, 0.989
+        # over every root), or the cluster is small, the LP over every root (seeded with the
+        # translates of that LP's trees, an optimal solution) rounds each rank apart, often at fewer
         alt = _pack(net, time_limit=max(0.0, deadline - clock.now()), seed=out[0].lp_support, **common)
 
         def rank(pk):
