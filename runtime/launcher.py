@@ -328,17 +328,7 @@ class Runner(RankGroup):
             # before any buffer of the call exists, on the host (inputs, oracle) or the device
             check_run_memory(ir.name, sum(send_lens) * es,
                              (sum(send_lens) + (0 if inplace else sum(recv_lens)) + N * scr_n) * es)
-            npdt = np.dtype(dtypes_table.dtype(self.dtype).numpy)
-            if inputs is None:
-                rng = np.random.default_rng(seed)
-                inputs = [rng.integers(-100, 101, size=int(n)).astype(npdt) for n in send_lens]
-            else:
-                inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
-                if len(inputs) != N or any(len(x) != int(n) for x, n in zip(inputs, send_lens)):
-                    raise ValueError("inputs: one array per rank, of its send buffer's length")
-            garbage = (oracle.GARBAGE[self.dtype], oracle.DEVICE_DTYPE[self.dtype])
-            before = [np.array(inputs[r], copy=True) if inplace else
-                      oracle.from_device(np.full(recv_lens[r], *garbage), self.dtype) for r in range(N)]
+            inputs, before = alltoallv_buffers(self.dtype, inputs, send_lens, recv_lens, inplace, seed)
             want = av.expected([np.array(x) for x in inputs], before, hc.counts, hc.sd, hc.rd)
 
             lens = device_lens(send_lens, recv_lens)
@@ -382,6 +372,26 @@ def run_inputs(ir: ProgramIR, dtype: str, op: str, inputs, lay, count: int, seed
     return inputs
 
 
+def alltoallv_buffers(dtype: str, inputs, send_lens, recv_lens, inplace: bool,
+                      seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """An AllToAllv run's send buffers and what each rank's receive buffer holds before the call:
+    the caller's ``inputs`` (one array per rank of its send length, ValueError otherwise) or small
+    integers from ``seed``; in place the send buffer itself, else the oracle's garbage."""
+    N = len(send_lens)
+    npdt = np.dtype(dtypes_table.dtype(dtype).numpy)
+    if inputs is None:
+        rng = np.random.default_rng(seed)
+        inputs = [rng.integers(-100, 101, size=int(n)).astype(npdt) for n in send_lens]
+    else:
+        inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
+        if len(inputs) != N or any(len(x) != int(n) for x, n in zip(inputs, send_lens)):
+            raise ValueError("inputs: one array per rank, of its send buffer's length")
+    garbage = (oracle.GARBAGE[dtype], oracle.DEVICE_DTYPE[dtype])
+    before = [np.array(inputs[r], copy=True) if inplace else
+              oracle.from_device(np.full(int(recv_lens[r]), *garbage), dtype) for r in range(N)]
+    return inputs, before
+
+
 def check_placement(ir: ProgramIR, inplace: bool, lay) -> None:
     """ValueError for a placement ``ir`` is not proven for or its buffers (``lay``: the layout rows
     of :func:`program_layout`) cannot take."""
@@ -407,6 +417,6 @@ def run_program(ir: ProgramIR, *, backend: str | Platform = "cpu", nbytes: int, 
         return runner.run(nbytes, inplace=inplace, iters=iters, warmup=warmup, seed=seed)
 
 
-__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "program_layout", "check_placement", "run_inputs", "run_program",
+__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "program_layout", "check_placement", "run_inputs", "alltoallv_buffers", "run_program",
            "busbw_factor", "generated_sources", "CODEGENS",
            "describe_stuck", "DTYPES", "OPS", "ELEMENT_BYTES"]

@@ -48,12 +48,12 @@ from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.memory_limits import check_fifo_memory
 from hccc.runtime.kernel_abi import Args
 from hccc.runtime.kernel_errors import IGNORES_ABORT
-from hccc.runtime.launcher import ELEMENT_BYTES, RunResult, check_placement, program_layout, run_inputs
+from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, check_placement, program_layout,
+                                   run_inputs)
 from hccc.runtime.platform import Instance
 from hccc.runtime.process_rank import _PLAN_CACHE_MAX
 from hccc.runtime.rank_platforms import rank_platforms
 from hccc.runtime.rank_memory import BackgroundSync, LaunchCall, grid_argument
-from hccc.util import dtypes as dtypes_table
 
 
 class ThreadRank(Communicator):
@@ -441,17 +441,7 @@ class LocalJob:
         given = pass_displs if pass_displs is not None else (sdispls is not None or rdispls is not None)
         # the displacements the ranks pass: the checked ones (packed where None), or None (packed)
         s_pass, r_pass = (sd, rd) if given else (None, None)
-        npdt = np.dtype(dtypes_table.dtype(dtype).numpy)
-        if inputs is None:
-            rng = np.random.default_rng(seed)
-            inputs = [rng.integers(-100, 101, size=int(n)).astype(npdt) for n in send_lens]
-        else:
-            inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
-            if len(inputs) != N or any(len(x) != int(n) for x, n in zip(inputs, send_lens)):
-                raise ValueError("inputs: one array per rank, of its send buffer's length")
-        garbage = (oracle.GARBAGE[dtype], oracle.DEVICE_DTYPE[dtype])
-        before = [np.array(inputs[r], copy=True) if inplace else
-                  oracle.from_device(np.full(int(recv_lens[r]), *garbage), dtype) for r in range(N)]
+        inputs, before = alltoallv_buffers(dtype, inputs, send_lens, recv_lens, inplace, seed)
         want = av.expected([np.array(x) for x in inputs], before, c, sd, rd)
         as_kernel = _bfloat16_tensor if dtype == "bfloat16" else (lambda a: a)
         c0 = self.comms[0]

@@ -147,3 +147,20 @@ def h20_nodes_text(nodes: int) -> str:
     g = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(g)
     return format_topology(g.cluster([g.h20_node8() for _ in range(nodes)], f"{nodes} x 8 H20"))
+
+
+def slow_switch_node_beside_a_fast_one() -> str:
+    """Two NVSwitch nodes of four GPUs behind 100 GB/s of NICs each way: the first of 300 GB/s
+    ports (a 50 GB/s NIC a GPU pair), the second of 100 GB/s ports (a 25 GB/s NIC a GPU): two
+    kinds of node, so the packing's LP runs over classes of ranks and their translates, and no
+    AllReduce reaches the cut bound (the slow node is slower inside than its cut)."""
+    from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, NicSpec, NodeSpec, SharedSpec,
+                                                    format_topology)
+
+    def node(port_gbps, ports, nics):
+        switch = [SharedSpec((a,), tuple(b for b in range(4) if b != a), port_gbps, ports) for a in range(4)]
+        return NodeSpec(4, {"switch": switch}, nics=[NicSpec(g, bw) for g, bw in nics])
+
+    return format_topology(ClusterSpec([node(25, 12, [((0, 1), 50), ((2, 3), 50)]),
+                                        node(25, 4, [((g,), 25) for g in range(4)])],
+                                       [InternodeSpec("all", "nic")]))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hccc.cli import main
+from cluster_texts import slow_switch_node_beside_a_fast_one
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ROOT / "examples" / "clusters"
@@ -51,21 +52,6 @@ def test_an_allreduce_for_an_engine_is_a_tree_program_it_exports_near_the_bound(
     assert s["fraction_of_bound"] >= FRACTION_LEAST
 
 
-def _slow_node_beside_a_fast_one() -> str:
-    """Two NVSwitch nodes of four GPUs behind 100 GB/s of NICs each way: the first of 300 GB/s
-    ports (a 50 GB/s NIC a GPU pair), the second of 100 GB/s ports (a 25 GB/s NIC a GPU)."""
-    from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, NicSpec, NodeSpec, SharedSpec,
-                                                    format_topology)
-
-    def node(port_gbps, ports, nics):
-        switch = [SharedSpec((a,), tuple(b for b in range(4) if b != a), port_gbps, ports) for a in range(4)]
-        return NodeSpec(4, {"switch": switch}, nics=[NicSpec(g, bw) for g, bw in nics])
-
-    return format_topology(ClusterSpec([node(25, 12, [((0, 1), 50), ((2, 3), 50)]),
-                                        node(25, 4, [((g,), 25) for g in range(4)])],
-                                       [InternodeSpec("all", "nic")]))
-
-
 @pytest.mark.parametrize("engine", ["msccl", "mscclpp"])
 def test_an_allreduce_for_an_engine_reaches_what_any_allreduce_can(tmp_path, capsys, engine):
     """Where the cut bound is out of any AllReduce's reach (docs/bounds.md: the slow node's ranks
@@ -74,7 +60,7 @@ def test_an_allreduce_for_an_engine_reaches_what_any_allreduce_can(tmp_path, cap
     reaches FRACTION_LEAST of the AllReduce bound, never more than that 0.75 of the cut bound,
     exports and passes ``hccc check``."""
     topo = tmp_path / "slow_beside_fast.topo"
-    topo.write_text(_slow_node_beside_a_fast_one())
+    topo.write_text(slow_switch_node_beside_a_fast_one())
     s = _synth_export_check(tmp_path, capsys, topo, "allreduce", engine)
     b = s["bandwidth_bound"]
     assert b["seconds"] / b["allreduce_bound_seconds"] == pytest.approx(0.75, rel=1e-9)
@@ -90,7 +76,7 @@ def test_a_reducescatter_on_unlike_nvswitch_nodes_for_an_engine_reaches_the_boun
     is a tree program at FRACTION_LEAST of the cut bound or more, exports and passes ``hccc
     check``."""
     topo = tmp_path / "slow_beside_fast.topo"
-    topo.write_text(_slow_node_beside_a_fast_one())
+    topo.write_text(slow_switch_node_beside_a_fast_one())
     s = _synth_export_check(tmp_path, capsys, topo, "reducescatter", engine)
     assert s["method"] == "trees" and s["fraction_of_bound"] >= FRACTION_LEAST, s
 

@@ -33,6 +33,7 @@ from hccc.compiler.synth import network_from_topology, synthesize
 from hccc.compiler.synth.arborescence import min_arborescence
 from synth_oracles import (M, MEASURED_UNITS_LEAST, clusters, cut_optimum, mi250, model_time, optimum,
                            simulated_fraction, two_nodes_one_nic_each)
+from cluster_texts import slow_switch_node_beside_a_fast_one
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 #: added to every arc's cost in networkx's graph (an arborescence has n - 1 arcs, so the least
@@ -820,19 +821,6 @@ def test_streams_are_split_finely_where_the_transfers_allow(chunks, nranks, leas
                                                                              forest.SPLIT_MAX_TRANSFERS)
 
 
-def _unlike_switch_nodes() -> str:
-    """Two NVSwitch nodes of four GPUs, 100 GB/s of NICs each way: 300 GB/s ports and a 50 GB/s NIC
-    a GPU pair, then 100 GB/s ports and a 25 GB/s NIC a GPU (two kinds of node: the packing's LP
-    runs over classes of ranks and their translates)."""
-    def node(port_gbps, ports, nics):
-        switch = [SharedSpec((a,), tuple(b for b in range(4) if b != a), port_gbps, ports) for a in range(4)]
-        return NodeSpec(4, {"switch": switch}, nics=[NicSpec(g, bw) for g, bw in nics])
-
-    return format_topology(ClusterSpec([node(25, 12, [((0, 1), 50), ((2, 3), 50)]),
-                                        node(25, 4, [((g,), 25) for g in range(4)])],
-                                       [InternodeSpec("all", "nic")]))
-
-
 @pytest.mark.parametrize("reverse", [False, True])
 def test_one_chunk_per_rank_reaches_the_optimum_where_translates_round_short(reverse):
     """At one chunk per rank the LP over classes rounded over translates reached 0.70 of the
@@ -842,7 +830,7 @@ def test_one_chunk_per_rank_reaches_the_optimum_where_translates_round_short(rev
     pairs and their groups) against the flow LP's optimum."""
     from hccc.compiler.synth.trees import pack_trees
 
-    net = network_from_topology(parse_topology(_unlike_switch_nodes(), "unlike.topo"))
+    net = network_from_topology(parse_topology(slow_switch_node_beside_a_fast_one(), "unlike.topo"))
     if reverse:
         net = net.transposed()
     pk = pack_trees(net, pair_bw=net.bw, max_chunks=1, time_limit=30)
