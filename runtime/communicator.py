@@ -225,7 +225,7 @@ class Communicator(ProcessRank):
         except ValueError as exc:
             raise CommunicatorError(f"rank {self.rank}: {exc}") from None
         me = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "node": my_node,
-              "platform": pf.name}
+              "platform": pf.name, "device": int(self.device)}
         if self._in_process:
             # ranks that are threads of one process reach each other's memory as it is: its
             # pointers, and the host segment as an object (the bootstrap hands objects over)
@@ -254,7 +254,10 @@ class Communicator(ProcessRank):
         self._hosts.know([p["pid"] for p in peers], nodes)
         self._hosts.net = self._net
         bases = self._map_peers(peers, my_node)
-        mem.connect(self._plans, lambda peer: bases.get(peer, (0, 0)))
+        # one GPU: one process's device index (ranks of other processes on one GPU, whose device
+        # indices need not name one GPU, are taken as on other GPUs: system scope)
+        self._gpus = [(p["host"], p["pid"], p["platform"], p["device"]) for p in peers]
+        mem.connect(self._plans, lambda peer: bases.get(peer, (0, 0)), self._gpus)
         if self._net is not None:
             self._owned.host_flag_ptrs.append(self._net.mwords)
             self._net.wire()              # cross-node connections through the mirrors
@@ -287,7 +290,7 @@ class Communicator(ProcessRank):
             mem.load_table(self._prog.tables([self.rank])[self.rank])
         self._refits += 1
         bases = self._exchange_values((mem.ctrl, mem.slots), f"fifos {self._refits}")
-        mem.connect(plans, lambda peer: bases[peer])
+        mem.connect(plans, lambda peer: bases[peer], self._gpus)
         self._plans, self.chunk_bytes, self.slot_bytes = plans, capacity, plans[self.rank].slot_bytes
         self._call_plans.clear()
         self.ll_epochs.dirty = True

@@ -56,8 +56,11 @@ class GroupMemory:
         self.rank_mem = [RankMemory(plans[r], self.rank_pf[r], lambda n, r=r: self.malloc(r, n, peer=True),
                                     lambda n, r=r: self.malloc(r, n))
                          for r in range(N)]
+        # one GPU: one Platform object and one device index (CPU-emulated platforms of one run are
+        # distinct objects: their ranks are taken as on other GPUs)
+        gpus = [(id(self.rank_pf[r]), int(self.placement[r])) for r in range(N)]
         for m in self.rank_mem:
-            m.connect(plans, lambda peer: (self.rank_mem[peer].ctrl, self.rank_mem[peer].slots))
+            m.connect(plans, lambda peer: (self.rank_mem[peer].ctrl, self.rank_mem[peer].slots), gpus)
         #: LL flag epochs of these FIFOs (:mod:`hccc.runtime.ll_epoch`)
         self.ll_epochs = LLEpochs()
         self.ctrl = [m.ctrl for m in self.rank_mem]

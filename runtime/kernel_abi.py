@@ -88,12 +88,21 @@ def op_name(op: int) -> str:
     return Op(op).name.lower() if 0 <= op < len(Op) else f"op{op}"
 
 
-def conn_table(conns: list[tuple[int, int, int]]) -> bytes:
-    """Packed ``hccc_conn`` array from (slots, head, tail) pointers."""
-    arr = (Conn * max(1, len(conns)))(*[Conn(*c) for c in conns])
+#: ``hccc_conn::place`` values by name (:data:`hccc.compiler.backend.abi.PLACES`)
+PLACE = {name: value for name, value, _ in abi.PLACES}
+
+
+def conn_table(conns: list[tuple[int, int, int, int]]) -> bytes:
+    """Packed ``hccc_conn`` array from (slots, head, tail, place) entries (``place``: a value of
+    :data:`PLACE`; ValueError naming the entry for any other, so no record leaves here unplaced)."""
+    for i, c in enumerate(conns):
+        if len(c) != 4 or int(c[3]) not in PLACE.values():
+            raise ValueError(f"connection {i}: {tuple(c)!r} is not (slots, head, tail, place) with place "
+                             f"one of {sorted(PLACE.values())} ({', '.join(PLACE)})")
+    arr = (Conn * max(1, len(conns)))(*[Conn(*(int(x) for x in c)) for c in conns])
     return bytes(arr)[:ctypes.sizeof(Conn) * len(conns)] if conns else b""
 
 
 __all__ = ["ABI_VERSION", "ctypes_fields", "Args", "Conn", "ErrorRecord", "TableArgs", "GridArgs",
            "TableGridArgs", "STRUCT_CLASSES", "grid_first", "WAIT_DATA", "WAIT_SLOT",
-           "WAIT_DEP", "WAIT_COUNTS", "V_REFUSAL", "sizes", "op_name", "conn_table"]
+           "WAIT_DEP", "WAIT_COUNTS", "V_REFUSAL", "PLACE", "sizes", "op_name", "conn_table"]

@@ -285,14 +285,17 @@ class NetLink:
     def wire(self) -> None:
         """Point this rank's connection tables at the mirrors (after ``RankMemory.connect``),
         tell the transport what to carry, and start it."""
-        from hccc.runtime.kernel_abi import conn_table
+        from hccc.runtime.kernel_abi import PLACE, conn_table
         mem, plan, plans, tx, me = self.mem, self.plans[self.rank], self.plans, self.tx, self.rank
         send, recv = list(mem.send_conns), list(mem.recv_conns)
+        # a cross-node connection's far end is this node's proxy, through host memory (the mirrors)
+        # or this rank's memory the proxy writes: system scope (hccc_conn::place HOST)
+        host = PLACE["HOST"]
         step = (plan.fifo_bytes + 255) // 256 * 256
         for i, (k, peer) in enumerate(self._sends):
             j = plans[peer].recv_index(me, plan.send_conns[k][1])
             mslots, mtail = self.mslots + i * step, self.mwords + 8 * i
-            send[k] = (mslots, send[k][1], mtail)
+            send[k] = (mslots, send[k][1], mtail, host)
             info = self.info[peer]
             tx.add_send(peer, mslots, mtail, int(info["slots"]) + j * plans[peer].fifo_bytes,
                         int(info["ctrl"]) + plans[peer].tail_offset(j), plans[peer].slot_bytes,
@@ -303,7 +306,7 @@ class NetLink:
                 tx.add_inbound(j, peer, recv[j][0], plan.slot_bytes, plan.nslots, recv[j][2])
             k = plans[peer].send_index(me, plan.recv_conns[j][1])
             mhead = self.mwords + 8 * (len(self._sends) + i)
-            recv[j] = (recv[j][0], mhead, recv[j][2])
+            recv[j] = (recv[j][0], mhead, recv[j][2], host)
             tx.add_recv(peer, mhead, int(self.info[peer]["ctrl"]) + plans[peer].send_head_offset(k),
                         recv[j][2], plan.nslots, bool(self.info[peer].get("host")))
         if mem.platform.name == "cpu":

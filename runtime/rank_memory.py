@@ -44,7 +44,7 @@ import numpy as np
 from hccc.compiler.backend import abi
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.compiler.passes.slicing import FIFO_BUDGET_BYTES, program_slice_bytes, slot_share_bytes
-from hccc.runtime.kernel_abi import Args, ErrorRecord, GridArgs, TableArgs, TableGridArgs, conn_table
+from hccc.runtime.kernel_abi import PLACE, Args, ErrorRecord, GridArgs, TableArgs, TableGridArgs, conn_table
 from hccc.runtime.ll_epoch import LLEpochs, ll_messages_bound
 
 if TYPE_CHECKING:   # annotations only
@@ -324,6 +324,22 @@ class RankPlan:
         return replace(self, slot_bytes=slot_bytes(int(capacity), int(max_step_chunks)))
 
 
+# ============================================================================ connection placement
+def abi_place(name: str) -> int:
+    """The ``hccc_conn::place`` value named ``name`` (``"GPU"``, ``"NODE"``, ``"HOST"``)."""
+    return PLACE[name]
+
+
+def conn_place(gpus, me: int, peer: int) -> int:
+    """``hccc_conn::place`` of rank ``me``'s connection with ``peer`` (its FIFO and counters in the
+    receiver's and the sender's memory): ``GPU`` where both run on one GPU -- ``gpus[r]`` names the
+    GPU rank ``r`` runs on (any value: equal names are one GPU; None: not known) -- else ``NODE``
+    (system scope). A connection whose memory is host memory another agent writes (a network
+    proxy's mirror) is ``HOST``: :meth:`hccc.runtime.net.NetLink.wire` marks those."""
+    a, b = gpus[me], gpus[peer]
+    return abi_place("GPU") if a is not None and a == b else abi_place("NODE")
+
+
 class RankMemory:
     """Allocates and connects what one rank owns: its control block and slot block (through
     ``malloc``: memory the peers reach, e.g. :meth:`Platform.malloc_peer` or memory another
@@ -355,27 +371,33 @@ class RankMemory:
         self.orphans: list[int] = []      # FIFOs of unreceived sends: a header, then slots
         self.send_tab: int | None = None
         self.recv_tab: int | None = None
-        self.send_conns: list[tuple[int, int, int]] = []
-        self.recv_conns: list[tuple[int, int, int]] = []
+        #: the connection records as written: (slots, head, tail, place) each
+        self.send_conns: list[tuple[int, int, int, int]] = []
+        self.recv_conns: list[tuple[int, int, int, int]] = []
         #: the rank's table in its memory (table mode, :meth:`load_table`), else None
         self.table: int | None = None
 
-    def connect(self, plans, locate) -> None:
+    def connect(self, plans, locate, gpus) -> None:
         """Write and upload the connection tables. ``plans``: every rank's :class:`RankPlan`;
         ``locate(peer)`` gives the (control block, slot block) addresses of ``peer``'s memory in
         this process (called for the peers of :meth:`RankPlan.peers` only; for this rank itself
-        the own blocks are used)."""
+        the own blocks are used); ``gpus``: the GPU each rank runs on, one entry a rank
+        (:func:`conn_place`: what sets each record's ``place``)."""
         plan, me = self.plan, self.plan.rank
+        if len(gpus) != len(plans):
+            raise ValueError(f"{len(gpus)} GPUs given for {len(plans)} ranks")
 
         def blocks(r: int) -> tuple[int, int]:
             return (self.ctrl, self.slots) if r == me else tuple(int(x) for x in locate(r))
 
+        own = abi_place("GPU")
         recv = []
         for j, (peer, ch) in enumerate(plan.recv_conns):
             k = plans[peer].send_index(me, ch)
             head = (blocks(peer)[0] + plans[peer].send_head_offset(k) if k is not None
                     else self.ctrl + plan.unsent_head_offset(j))
-            recv.append((self.slots + j * plan.fifo_bytes, head, self.ctrl + plan.tail_offset(j)))
+            recv.append((self.slots + j * plan.fifo_bytes, head, self.ctrl + plan.tail_offset(j),
+                         conn_place(gpus, me, peer) if k is not None else own))
         send = []
         for k, (peer, ch) in enumerate(plan.send_conns):
             head = self.ctrl + plan.send_head_offset(k)
@@ -383,11 +405,11 @@ class RankMemory:
             if j is not None:
                 ctrl, slots = blocks(peer)
                 send.append((slots + j * plans[peer].fifo_bytes, head,
-                             ctrl + plans[peer].tail_offset(j)))
+                             ctrl + plans[peer].tail_offset(j), conn_place(gpus, me, peer)))
             else:
                 fifo = self._malloc_orphan(plan.orphan_bytes)
                 self.orphans.append(fifo)
-                send.append((fifo + abi.ORPHAN_HEADER, head, fifo))
+                send.append((fifo + abi.ORPHAN_HEADER, head, fifo, own))
         self.send_conns, self.recv_conns = send, recv
         tabs = []
         for conns in (send, recv):
@@ -561,4 +583,4 @@ class _Waited:
 
 __all__ = ["launch_proto", "launch_slice_bytes", "check_slice", "call_slot_capacity", "fifo_budget_bytes",
            "LaunchCall", "grid_argument",
-           "RankPlan", "RankMemory", "LaunchFlags", "synchronize_in_background", "BackgroundSync"]
+           "RankPlan", "abi_place", "conn_place", "RankMemory", "LaunchFlags", "synchronize_in_background", "BackgroundSync"]

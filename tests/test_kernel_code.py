@@ -743,6 +743,75 @@ def test_gfx90a_release_writes_back_l2_only_across_gpus_and_spin_loops_sleep(sou
         assert not any(re.search(r"\bbuffer_(?:wbl2|invl2|wbinvl1)|\bs_barrier\b", x) for x in lp)
 
 
+#: probes of the engine's own post (hccc_post, hccc_conn_sys): a unit's posts to a peer of this GPU,
+#: to one of another GPU or host memory, and to a connection whose record says which at run time
+POST_PROBE = r"""
+#include "hccc_prims.h"
+extern "C" __global__ void probe_post_gpu(const hccc_v16* d, hccc_v16* o, uint64_t* t, uint64_t* h, uint64_t v) {
+  hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
+  hccc_posts p{t, h, nullptr, v, v, 0, 0u, 0u};
+  hccc_post(p);
+}
+extern "C" __global__ void probe_post_sys(const hccc_v16* d, hccc_v16* o, uint64_t* t, uint64_t* h, uint64_t v) {
+  hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
+  hccc_posts p{t, h, nullptr, v, v, 0, 1u, 0u};
+  hccc_post(p);
+}
+extern "C" __global__ void probe_post_conn(const hccc_v16* d, hccc_v16* o, const hccc_conn* c, uint64_t v) {
+  hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
+  hccc_posts p{c->tail, nullptr, nullptr, v, v, 0, hccc_conn_sys(*c) ? 1u : 0u, 0u};
+  hccc_post(p);
+}
+"""
+
+
+def _post_probe(sources, platform: str) -> dict[str, list[str]]:
+    """POST_PROBE built against the emitted headers (system scope: a multi-GPU build): sm_90
+    machine code (nvdisasm) or gfx90a assembly, function -> lines."""
+    d, _ = sources[platform]
+    if platform == "cuda":
+        dis = _nvdisasm()
+        if dis is None:
+            pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+        src, out = d / "post_probe.cu", d / "post_probe.cubin"
+        cmd = [require_tool("nvcc"), *cuda_flags("sm_90", False, output="-cubin")]
+    else:
+        src, out = d / "post_probe.hip", d / "post_probe.s"
+        cmd = [require_tool("hipcc"), *hip_flags("gfx90a", False, output=("--cuda-device-only", "-S"))]
+    src.write_text(POST_PROBE)
+    res = subprocess.run([*cmd, "-I", str(d), "-o", str(out), str(src)], capture_output=True, text=True,
+                         env=dict(os.environ, HIP_PLATFORM="amd"), timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    if platform == "hip":
+        return functions(out.read_text(), "amd")
+    text = subprocess.run([dis, "-c", str(out)], capture_output=True, text=True, timeout=300, check=True).stdout
+    return sass_functions(text)
+
+
+def test_sm90_a_post_to_a_peer_of_this_gpu_releases_at_gpu_scope(sources):
+    """sm_90, a multi-GPU build (docs/kernel-protocol.md, "The narrowest ordering"): a unit's
+    posts to a peer of its own GPU are one MEMBAR at GPU scope, never .SYS; to another GPU's or
+    host memory one MEMBAR.SYS; a connection's record (hccc_conn::place) picks one of the two at
+    run time, each on its own path."""
+    funcs = _post_probe(sources, "cuda")
+    membars = {f: [x for x in funcs[f] if re.search(r"\bMEMBAR\b", x)]
+               for f in ("probe_post_gpu", "probe_post_sys", "probe_post_conn")}
+    assert len(membars["probe_post_gpu"]) == 1 and re.search(r"\bMEMBAR\.\w+\.GPU\b", membars["probe_post_gpu"][0])
+    assert len(membars["probe_post_sys"]) == 1 and re.search(r"\bMEMBAR\.\w+\.SYS\b", membars["probe_post_sys"][0])
+    conn = membars["probe_post_conn"]
+    assert sorted(re.search(r"\bMEMBAR\.\w+\.(\w+)", x).group(1) for x in conn) == ["GPU", "SYS"], conn
+
+
+def test_gfx90a_a_post_to_a_peer_of_this_gpu_writes_no_l2_back(sources):
+    """gfx90a, a multi-GPU build: a unit's posts to a peer of its own GPU release at agent scope
+    (no buffer_wbl2); to another GPU's or host memory one L2 writeback; a connection's record
+    picks at run time: one buffer_wbl2 in all, on the system-scope path."""
+    funcs = _post_probe(sources, "hip")
+    wbl2 = {f: sum(1 for x in funcs[f] if re.search(r"\bbuffer_wbl2\b", x))
+            for f in ("probe_post_gpu", "probe_post_sys", "probe_post_conn")}
+    assert wbl2 == {"probe_post_gpu": 0, "probe_post_sys": 1, "probe_post_conn": 1}, wbl2
+
+
 @pytest.fixture(scope="module")
 def rdna(sources):
     """gfx1030 (RDNA, wave32) assembly of rank 0, float32 sum, with a probe that the header's

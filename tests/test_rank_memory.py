@@ -144,7 +144,7 @@ def test_packed_arguments_read_back_through_the_emitted_structs(headers, tmp_pat
     plans = [RankPlan.from_manifest(man, r) for r in range(2)]
     pf = _Memory()
     mem = RankMemory(plans[0], pf, pf.malloc)
-    mem.connect(plans, lambda peer: (0x7000000, 0x8000000))
+    mem.connect(plans, lambda peer: (0x7000000, 0x8000000), [0, 0])
     table = mem.load_table(b"\x01" * 24)
     call = LaunchCall.plan(ir, 1000, 4, ir.chunk_bytes, proto="ll")
     args = mem.args(call, input=0x1234, output=0x5678, scratch=0, abort_flag=1, error=2, timeout_s=0,
@@ -229,7 +229,7 @@ def test_table_argument_is_the_rank_s_arguments_then_its_table(table):
                     slot_bytes=64)
     pf = _Memory()
     mem = RankMemory(plan, pf, pf.malloc)
-    mem.connect([plan], lambda peer: (0, 0))
+    mem.connect([plan], lambda peer: (0, 0), [0])
     args = mem.args(LaunchCall.plan(_RING2, 64, 4, 256), input=1, output=2, scratch=3, abort_flag=4,
                     error=5, timeout_s=0)
     assert mem.argument(args) == bytes(args)

@@ -34,7 +34,7 @@ from hccc.compiler.backend.prim_fields import PD_FIELDS
 from hccc.compiler.ir.program_ir import Buf, Op
 
 #: ``HCCC_ABI_VERSION`` and the manifest's ``abi_version``
-VERSION = 9
+VERSION = 10
 
 #: FIFO slots per connection (``HCCC_NSLOTS``)
 NSLOTS = 8
@@ -151,6 +151,21 @@ CONN: tuple[CField, ...] = (
     CField("slots", "void*", "NSLOTS * slot_bytes bytes, 16-aligned (receiver's memory)"),
     CField("head", "uint64_t*", "slots consumed (written by the receiver, in the sender's memory)"),
     CField("tail", "uint64_t*", "slots published (written by the sender, in the receiver's memory)"),
+    CField("place", "uint32_t", "where the other end runs and the FIFO lives: HCCC_PLACE_*"),
+    CField("pad", "uint32_t", "0"),
+)
+#: ``hccc_conn::place`` (``HCCC_PLACE_*``): where a connection's other end runs and its memory lives,
+#: seen from this rank; it sets the scope of the connection's posts (release) and waits (acquire).
+#: ``GPU``: the peer runs on this rank's GPU and the FIFO and counters are that GPU's memory (or the
+#: connection has no other end: an orphan FIFO, a head nobody posts), so GPU (agent) scope orders
+#: them; ``NODE``: another GPU of the node, ``HOST``: host memory another agent writes (a network
+#: proxy's mirror), both system scope. 0 (a record that says nothing) is taken as system scope: a
+#: launcher that does not know may leave it, never narrows wrongly.
+#: (name, value, what it means) -- :func:`hccc.runtime.rank_memory.conn_place` chooses one
+PLACES: tuple[tuple[str, int, str], ...] = (
+    ("GPU", 1, "the peer runs on this rank's GPU, the memory is that GPU's: GPU scope"),
+    ("NODE", 2, "the peer runs on another GPU of the node: system scope"),
+    ("HOST", 3, "the memory is host memory another agent writes (a network mirror): system scope"),
 )
 
 #: ``struct hccc_error``: "rank R, TB T stuck in <op> for chunk C (micro-batch M)"
@@ -413,6 +428,7 @@ def c_enums() -> str:
     waits = ", ".join(f"HCCC_WAIT_{n} = {v}" for n, v in WAITS)
     protos = ", ".join(f"HCCC_PROTO_{n} = {v}" for n, v in PROTOS)
     vrefs = ", ".join(f"HCCC_VREF_{n} = {v}" for n, v, _ in V_REFUSALS)
+    places = ", ".join(f"HCCC_PLACE_{n} = {v}" for n, v, _ in PLACES)
     return ("// Primitive operations (values of ProgramIR's Op).\n"
             f"enum {{\n{ops}\n}};\n"
             "// Buffers (values of ProgramIR's Buf).\n"
@@ -423,6 +439,8 @@ def c_enums() -> str:
             f"enum {{ {protos} }};\n"
             "// Why the kernels refused an AllToAllv call (hccc_error::op under HCCC_WAIT_COUNTS).\n"
             f"enum {{ {vrefs} }};\n"
+            "// Where a connection's other end runs (hccc_conn::place): the scope of its posts and waits.\n"
+            f"enum {{ {places} }};\n"
             f"#define HCCC_LL_LINE {LL_LINE}\n"
             f"#define HCCC_LL_DATA {LL_DATA}\n"
             f"#define HCCC_LL_FLAG_BASE {LL_FLAG_BASE}u\n"
@@ -432,7 +450,7 @@ def c_enums() -> str:
 __all__ = ["VERSION", "TIMER_TICKS_PER_US", "NSLOTS", "REGION_HEADER", "SLOT_OVERHEAD", "ORPHAN_HEADER", "CTRL_WORD", "CField",
            "PROTOS", "LL_LINE", "LL_DATA", "LL_FLAG_BASE", "LL_EPOCH_SHIFT", "LL_EPOCHS",
            "LL_EPOCH_MESSAGES", "ll_flag", "LL_ZERO_WHEN", "ll_zero", "ll_zero_c", "LL_AUTO_MAX_BYTES", "ll_share_bytes", "resolve_proto",
-           "CONN", "ERROR", "ARGS", "STRUCTS", "V_DISPLS", "V_MAP", "V_LENS", "V_REFUSALS",
+           "CONN", "PLACES", "ERROR", "ARGS", "STRUCTS", "V_DISPLS", "V_MAP", "V_LENS", "V_REFUSALS",
            "TABLE_ARGS", "GRID_ARGS", "TABLE_GRID_ARGS", "GRID_FIRST", "LAUNCH_STRUCTS", "WAITS", "PD_CALL_BASE", "PD_CALL_WAITS", "PD_CALL_DIRECT", "PD_CALL_GROUP", "GROUP_RECVS",
            "PD_ENUM_PREFIX", "PD_DEFAULT", "pd_struct_fields", "pd_call_fields", "pd_macro_name", "pd_macros",
            "CTRL_REGIONS", "ctrl_offset", "ctrl_bytes", "ctrl_offset_c", "ctrl_layout_comment", "c_struct",
