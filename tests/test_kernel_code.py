@@ -764,6 +764,21 @@ extern "C" __global__ void probe_post_conn(const hccc_v16* d, hccc_v16* o, const
   hccc_posts p{c->tail, nullptr, nullptr, v, v, 0, hccc_conn_sys(*c) ? 1u : 0u, 0u};
   hccc_post(p);
 }
+// the acquire after a fresh poll of a same-GPU peer's counter (bit 0) and another GPU's (bit 1)
+extern "C" __global__ void probe_wait_gpu(const uint64_t* f, const hccc_v16* d, hccc_v16* o, uint64_t need) {
+  while (hccc_poll_peer(f) < need) {}
+  hccc_waits w{};
+  w.fresh = 1u;
+  hccc_waits_acquire(w);
+  hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
+}
+extern "C" __global__ void probe_wait_sys(const uint64_t* f, const hccc_v16* d, hccc_v16* o, uint64_t need) {
+  while (hccc_poll_peer(f) < need) {}
+  hccc_waits w{};
+  w.fresh = 2u;
+  hccc_waits_acquire(w);
+  hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
+}
 """
 
 
@@ -807,11 +822,17 @@ def test_sm90_a_post_to_a_peer_of_this_gpu_releases_at_gpu_scope(sources):
 def test_gfx90a_a_post_to_a_peer_of_this_gpu_writes_no_l2_back(sources):
     """gfx90a, a multi-GPU build: a unit's posts to a peer of its own GPU release at agent scope
     (no buffer_wbl2); to another GPU's or host memory one L2 writeback; a connection's record
-    picks at run time: one buffer_wbl2 in all, on the system-scope path."""
+    picks at run time: one buffer_wbl2 in all, on the system-scope path. The acquire after a fresh
+    poll of a same-GPU peer's counter invalidates the L1 only (no buffer_invl2)."""
     funcs = _post_probe(sources, "hip")
     wbl2 = {f: sum(1 for x in funcs[f] if re.search(r"\bbuffer_wbl2\b", x))
             for f in ("probe_post_gpu", "probe_post_sys", "probe_post_conn")}
     assert wbl2 == {"probe_post_gpu": 0, "probe_post_sys": 1, "probe_post_conn": 1}, wbl2
+    # the acquire of a same-GPU peer's counter invalidates the L1 alone; another GPU's, the L2's
+    # non-coherent lines too -- and neither writes the L2 back
+    has = lambda f, pat: any(re.search(pat, x) for x in funcs[f])
+    assert has("probe_wait_gpu", r"\bbuffer_wbinvl1") and not has("probe_wait_gpu", r"\bbuffer_(?:invl2|wbl2)\b")
+    assert has("probe_wait_sys", r"\bbuffer_invl2\b") and not has("probe_wait_sys", r"\bbuffer_wbl2\b")
 
 
 @pytest.fixture(scope="module")
