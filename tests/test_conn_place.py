@@ -199,13 +199,17 @@ class _TwoDeviceCpu(CpuPlatform):
             raise ValueError(index)
 
 
-@pytest.mark.parametrize("proto", ["simple", "ll"])
-def test_a_run_of_mixed_scopes_matches_the_oracle(proto):
+@pytest.mark.parametrize("proto,codegen,direct,one_grid", [
+    ("simple", "specialized", "auto", None), ("ll", "specialized", "auto", None),
+    ("simple", "table", "off", False), ("ll", "table", "auto", None)])
+def test_a_run_of_mixed_scopes_matches_the_oracle(proto, codegen, direct, one_grid):
     """A ring AllReduce of 4 ranks on two emulated devices (ranks 0, 1 and 2, 3): the connections
     inside a half are GPU-placed, those across NODE-placed, and the kernels (posting and waiting at
-    each connection's scope) match the oracle."""
+    each connection's scope) match the oracle: both code generations, direct mode and the FIFOs,
+    one launch of every rank (the one-grid entry) and one launch each."""
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=256)
-    with Runner(ir, _TwoDeviceCpu(), "float32", "sum", nthreads=2) as runner:
+    with Runner(ir, _TwoDeviceCpu(), "float32", "sum", nthreads=2, codegen=codegen, direct=direct,
+                one_grid=one_grid) as runner:
         assert runner.placement == [0, 0, 1, 1]
         res = runner.run(count=1000, proto=proto)
         assert res.ok, res
@@ -213,3 +217,14 @@ def test_a_run_of_mixed_scopes_matches_the_oracle(proto):
             for (peer, _), c in zip(runner.rank_plans[r].send_conns, m.send_conns):
                 if runner.rank_plans[peer].recv_index(r, _) is not None:
                     assert c[3] == (GPU if peer // 2 == r // 2 else NODE), (r, peer)
+
+
+def test_a_local_job_places_its_ranks_on_their_gpu():
+    """Ranks that are threads of one process on one device (a LocalJob on the CPU emulation): every
+    connection GPU-placed, from the handles each rank exchanged (host, process, platform, device)."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=256)
+    with LocalJob(ir, timeout_s=30) as job:
+        assert all(c[3] == GPU for comm in job.comms for c in comm._mem.send_conns + comm._mem.recv_conns)
+        assert all(comm._gpus == job.comms[0]._gpus for comm in job.comms)
+        assert job.run(300).ok
