@@ -296,8 +296,8 @@ def test_kernel_abi_matches_the_header(pf, tmp_path):
     """The struct sizes the host packs equal the C++ sizeof of the emitted header's structs (the
     module checks it at load), and the error record decodes."""
     # hccc_args: 13 words, ll_epoch (+ padding), the AllToAllv words vcounts, vdispls, vmap, vslot,
-    # then the launch's slot capacity slot_cap
-    assert kernel_abi.sizes() == (160, 24, 56)
+    # then the launch's slot capacity slot_cap; hccc_conn: three pointers, its place and a pad word
+    assert kernel_abi.sizes() == (160, 32, 56)
     ir = ring_allreduce(2)
     with Runner(ir, pf) as runner:
         out = (ctypes.c_uint64 * 4)()
