@@ -35,24 +35,25 @@ import weakref
 import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS
-from hccc.compiler.ir.extents import count_unit
-from hccc.runtime import alltoallv as av, oracle, reference, shm
+from hccc.runtime import alltoallv as av, oracle, shm
 from hccc.runtime.alltoallv_call import buffer_lengths
 from hccc.runtime.bootstrap import local_bootstraps
 from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
-from hccc.runtime.direct_peers import peers_blob, peers_usable
+from hccc.runtime.direct_peers import direct_receive_count, peers_blob, peers_usable
 from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.memory_limits import check_fifo_memory
 from hccc.runtime.kernel_abi import Args
+from hccc.runtime.kernel_watch import default_watchdog_s
+from hccc.compiler.backend.abi import NSLOTS
 from hccc.runtime.kernel_errors import IGNORES_ABORT
-from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, check_placement, program_layout,
-                                   run_inputs)
+from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, call_count, check_placement,
+                                   program_layout, run_inputs)
 from hccc.runtime.platform import Instance
 from hccc.runtime.process_rank import _PLAN_CACHE_MAX
-from hccc.runtime.rank_platforms import rank_platforms
+from hccc.runtime.rank_platforms import rank_platforms, ranks_by_platform, resolve_platforms
 from hccc.runtime.rank_memory import BackgroundSync, LaunchCall, grid_argument
 
 
@@ -93,11 +94,17 @@ class ThreadRank(Communicator):
         shared = self._programs.platform(self.rank_platform[self.rank], cache_dir)
         return super()._platform(shared, device, cache_dir)
 
+    #: the job grows its ranks' FIFOs with its calls (:attr:`LocalJob.grow_fifos`): a call is
+    #: planned through the compiled slot, as the single-process runner plans it
+    grows = False
+
     def _plan_call(self, count: int, es: int):
         if self._programs is None:
             return super()._plan_call(count, es)
-        key = ("call", count, es, self._proto, self._slice_request, self.chunk_bytes, self._ll_refused())
-        return self._programs.memo(key, lambda: super(ThreadRank, self)._plan_call(count, es))
+        key = ("call", count, es, self._proto, self._slice_request, self.chunk_bytes, self._ll_refused(), self.grows)
+        return self._programs.memo(key, lambda: job_call(
+            self.ir, count, es, self._proto, self._slice_request, self.compiled_chunk_bytes if self.grows else None,
+            self.chunk_bytes, self._ll_refused()))
 
     def _layout(self, count: int) -> list:
         if self._programs is None:
@@ -126,6 +133,24 @@ class ThreadRank(Communicator):
         return ranks, ({"single_gpu": True} if self._pf.name == "cpu" else {})
 
 
+def job_call(ir, count: int, es: int, proto: str, slice_bytes, compiled: int | None, capacity: int,
+             ll_refused: str | None = None) -> LaunchCall:
+    """The :class:`LaunchCall` of a job's call of ``count`` elements of ``es`` bytes. Where the
+    FIFOs grow with the calls (``compiled``: the compiled slot; :attr:`LocalJob.grow_fifos`), it
+    is the single-process runner's recipe: protocol, slice and slot capacity chosen through the
+    compiled slot, whatever the FIFOs hold now, so that a call runs alike whatever calls came
+    before it (an MSCCL import keeps its one micro-batch per chunk); the FIFOs were grown to its
+    :attr:`~LaunchCall.slot_cap` first. A call the FIFOs were not grown for (a rank's own method
+    called directly), and every call where they cannot grow (``compiled`` None), goes through
+    the slots the FIFOs hold now (``capacity``), as a rank of its own process does."""
+    if compiled is not None:
+        call = LaunchCall.plan(ir, count, es, compiled, proto=proto, slice_bytes=slice_bytes, ll_refused=ll_refused)
+        if call.slot_cap <= capacity:
+            return call
+    return LaunchCall.plan(ir, count, es, capacity, proto=proto, slice_bytes=slice_bytes, ll_refused=ll_refused,
+                           fit_slot=False)
+
+
 class LocalJob:
     """The ``ir.nranks`` ranks of ``ir`` (a ProgramIR) as communicators in threads of this
     process; ``timeout_s`` bounds the set-up and every call as for a Communicator, ``watchdog_s``
@@ -141,12 +166,21 @@ class LocalJob:
     allocated then."""
 
     def __init__(self, ir, *, timeout_s: float = 60.0, watchdog_s: float | None = None,
-                 platforms: list[str] | None = None, direct: str = "auto", **communicator_options):
+                 platforms: list[str] | None = None, direct: str = "auto", fifo_capacity: int | None = None,
+                 **communicator_options):
         if direct not in DIRECT_MODES:
             raise ValueError(f"unknown direct mode {direct!r} (expected one of {', '.join(DIRECT_MODES)})")
         self.ir, self.nranks = ir, int(ir.nranks)
-        if platforms is not None:      # ValueError naming the rank, before any rank is made
-            platforms = rank_platforms(self.nranks, "cpu", platforms)
+        backend = communicator_options.get("backend", "cpu")
+        if platforms is not None or not isinstance(backend, str):
+            # ValueError naming the rank, before any rank is made; a Platform object's or a dict's
+            # own platform by default, as the single-process runner takes them
+            platforms = rank_platforms(self.nranks, backend, platforms)
+        if fifo_capacity is not None:
+            if communicator_options.get("fifo_bytes") is not None:
+                raise ValueError("give fifo_capacity or fifo_bytes, not both")
+            # FIFOs of at most that capacity at set-up (NSLOTS slots each), grown to it below
+            communicator_options["fifo_bytes"] = NSLOTS * max(1, int(fifo_capacity))
         #: the element type the ranks' kernels are built for at set-up (others on first use)
         self.dtype = str(communicator_options.get("dtype", "float32"))
         #: the time of the last call launched together (:meth:`collective`), in microseconds
@@ -162,20 +196,57 @@ class LocalJob:
         programs = self._programs = SharedPrograms(direct)
         #: the ranks' communicators, in rank order
         self.comms: list[ThreadRank] = []
-        made = _together(self.nranks, lambda r: ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s,
-                                                           programs=programs, platforms=platforms,
-                                                           **communicator_options),
-                         threads=self._threads)
+        #: the platforms this job made for a backend given per manifest platform (closed with it)
+        self._made_platforms: list = []
+        try:
+            per_rank = self._rank_backends(backend, platforms, communicator_options.get("cache_dir"))
+        except BaseException:
+            self.close()
+            raise
+
+        def make(r):
+            options = dict(communicator_options, backend=per_rank[r])
+            return ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s, programs=programs,
+                              platforms=platforms, **options)
+        made = _together(self.nranks, make, threads=self._threads)
         self.comms = [c for c, _ in made if c is not None]
         errors = [e for _, e in made]
         if any(e is not None for e in errors):
             self.close()
             raise _job_error(errors, "setting up")
+        #: the host-side limit on each kernel's run; None: :meth:`run` sets one from the call's
+        #: size (:meth:`default_watchdog`), a rank's own calls take its default
+        self.watchdog_s = watchdog_s
         for c in self.comms:
             c.watchdog_s = watchdog_s
         #: :meth:`run` grows the FIFOs to what each call needs (:meth:`fit_fifos`) where they can
         #: grow: every rank's memory taken by address (the CPU emulation)
         self.grow_fifos = all(c._owned.private for c in self.comms)
+        for c in self.comms:
+            c.grows = self.grow_fifos
+        if fifo_capacity is not None and self.grow_fifos:
+            try:
+                self.fit_fifos(fifo_capacity)
+            except BaseException:
+                self.close()
+                raise
+
+    def _rank_backends(self, backend, platforms, cache_dir) -> list:
+        """What each rank's communicator runs on: the backend as given, or for a dict from
+        manifest platform to a name or a Platform object (the single-process runner's form) the
+        rank's platform's entry, each name made once for the job (``"cpu"``: the job's shared
+        CPU emulation of those sources) and every pair of platforms checked to share memory
+        (:func:`~hccc.runtime.rank_platforms.resolve_platforms`: a sender writes the receiver's
+        FIFOs), PlatformError otherwise, before any rank is made."""
+        if not isinstance(backend, dict):
+            return [backend] * self.nranks
+        groups = ranks_by_platform(platforms)
+        spec = {p: v for p, v in backend.items()}
+        for p, v in spec.items():
+            if isinstance(v, str) and v == "cpu" and p in groups:
+                spec[p] = self._programs.platform(p, cache_dir)
+        pfs = resolve_platforms(self.ir, spec, groups, self._made_platforms)
+        return [pfs[p] for p in platforms]
 
     def each(self, step) -> list:
         """``step(rank, communicator)`` on every rank at once, one thread each; the results in rank
@@ -260,7 +331,8 @@ class LocalJob:
             c.watch = None
             c._rejoin(seq, calls)
 
-    def run(self, count: int, *, dtype: str = "float32", op: str = "sum", seed: int = 0,
+    def run(self, count: int | None = None, *, nbytes: int | None = None, dtype: str = "float32",
+            op: str = "sum", seed: int = 0,
             together: bool = True, direct: bool = False, one_grid: bool | None = False, warmup: int = 0,
             iters: int = 1, inplace: bool = False, proto: str | None = None,
             slice_bytes: int | str = "auto", checks: int = 1, keep_outputs: bool = True,
@@ -287,25 +359,28 @@ class LocalJob:
         they hold less (:attr:`grow_fifos`, :meth:`fit_fifos`), as the single-process runner's.
         ``check=False``: nothing compared (``collective_wrong`` -1, no oracle, no further checked
         calls), as the runner's ``run(check=False)``. ``one_grid=None``: the one-grid launch where
-        the job can make it (:meth:`grid_usable`), as the runner chooses by default."""
+        the job can make it (:meth:`grid_usable`), as the runner chooses by default. The size is
+        ``count`` elements or ``nbytes`` (exactly one; :func:`~hccc.runtime.launcher.call_count`).
+        Without a job-wide :attr:`watchdog_s`, each kernel's run is limited by the call's size
+        (:meth:`default_watchdog`)."""
         if iters < 1 or warmup < 0 or checks < 1:
             raise ValueError("iters and checks must be >= 1 and warmup >= 0")
         spec = SPECS[self.ir.collective]
         op = op if spec.reduces else "sum"
-        count = reference.alltoall_count(int(count), count_unit(self.ir))
+        count = call_count(self.ir, dtype, nbytes, count)
         c0 = self.comms[0]
         proto = c0.proto if proto is None else proto
         es, memo = ELEMENT_BYTES[dtype], self._programs.memo
+        compiled = c0.compiled_chunk_bytes if self.grow_fifos else None
         if self.grow_fifos:
             # the FIFOs grow with the call, as the single-process runner's: to the slot capacity
-            # the call would be planned with through the compiled slot (fit_fifos; never shrunk)
+            # the call is planned with through the compiled slot (job_call; fit_fifos never shrinks)
             self.fit_fifos(memo(("fit", count, es, proto, slice_bytes), lambda: LaunchCall.plan(
-                self.ir, count, es, c0.compiled_chunk_bytes, proto=proto, slice_bytes=slice_bytes)).slot_cap)
+                self.ir, count, es, compiled, proto=proto, slice_bytes=slice_bytes)).slot_cap)
         # the call's protocol and slice checked before any rank makes it: the plan every rank
         # then takes (ThreadRank._plan_call's)
-        memo(("call", count, es, proto, slice_bytes, c0.chunk_bytes, c0._ll_refused()),
-             lambda: LaunchCall.plan(self.ir, count, es, c0.chunk_bytes, proto=proto, slice_bytes=slice_bytes,
-                                     ll_refused=c0._ll_refused(), fit_slot=False))
+        memo(("call", count, es, proto, slice_bytes, c0.chunk_bytes, c0._ll_refused(), self.grow_fifos),
+             lambda: job_call(self.ir, count, es, proto, slice_bytes, compiled, c0.chunk_bytes, c0._ll_refused()))
         if one_grid is None:
             one_grid = together and self.grid_usable(dtype, op)
         if nthreads is not None:
@@ -314,11 +389,13 @@ class LocalJob:
         inputs = run_inputs(self.ir, dtype, op, inputs, rows, count, seed)
         device = [oracle.to_device(x, dtype) for x in inputs]
         outs, stuck, times, verdicts = None, None, [], []
-        kept = [(c.proto, c._slice_request, c.block, c.kernel_timeout_s) for c in self.comms]
+        kept = [(c.proto, c._slice_request, c.block, c.kernel_timeout_s, c.watchdog_s) for c in self.comms]
         for c in self.comms:
             c.proto, c._slice_request = proto, slice_bytes
             c.block = c.block if nthreads is None else int(nthreads)
             c.kernel_timeout_s = c.kernel_timeout_s if timeout_s is None else float(timeout_s)
+            if self.watchdog_s is None:
+                c.watchdog_s = default_watchdog_s(c.kernel_timeout_s, count * es, self.nranks)
 
         def call():
             outs = self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid,
@@ -337,8 +414,8 @@ class LocalJob:
             outs, stuck = None, str(exc)
             self.recover()
         finally:
-            for c, (p, sl, b, t) in zip(self.comms, kept):
-                c.proto, c._slice_request, c.block, c.kernel_timeout_s = p, sl, b, t
+            for c, (p, sl, b, t, w) in zip(self.comms, kept):
+                c.proto, c._slice_request, c.block, c.kernel_timeout_s, c.watchdog_s = p, sl, b, t, w
         wrong = sum(v[0] for v in verdicts)
         first = next((v[1] for v in verdicts if v[1] is not None), None)
         coll_wrong, used = (verdicts[0][2], verdicts[0][3]) if verdicts else (-1, None)
@@ -350,6 +427,36 @@ class LocalJob:
                          oracle=used, outputs=outs if keep_outputs and stuck is None else None,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
                          checks=len(verdicts))
+
+    def default_watchdog(self, nbytes: int) -> float:
+        """The host-side limit on each kernel's run of a call of ``nbytes`` (full buffer) when the
+        job has no :attr:`watchdog_s` (:func:`~hccc.runtime.kernel_watch.default_watchdog_s`)."""
+        return default_watchdog_s(self.comms[0].kernel_timeout_s, nbytes, self.nranks)
+
+    def layout(self, count: int) -> list:
+        """Per rank: (input length, output length, scratch length, input offset in output or -1,
+        output offset in input or -1) in elements at ``count``
+        (:func:`~hccc.runtime.launcher.program_layout`)."""
+        return self._programs.memo(("layout", int(count)), lambda: program_layout(self.ir, int(count)))
+
+    def vblocks(self, inplace: bool = False):
+        """The program's block-piece map and per-rank tables for AllToAllv
+        (:func:`hccc.runtime.alltoallv_call.block_tables`), computed once per placement (the
+        ranks' own); VBlockError when the program cannot run with per-pair counts."""
+        return self.comms[0]._vcalls.tables(bool(inplace))
+
+    def direct_receives(self) -> int:
+        """Receives of the program its kernels run in direct mode when a launch has a peers array
+        (:func:`~hccc.runtime.direct_peers.direct_receive_count`)."""
+        c0 = self.comms[0]
+        return self._programs.memo(("direct receives",), lambda: direct_receive_count(
+            self.ir, c0.rank_platform, self._programs.direct))
+
+    def stop_kernels(self) -> None:
+        """Stop every rank's kernel now (its abort flag raised; each rank's wait then reports the
+        call failed, :meth:`recover` runs the job again)."""
+        for c in self.comms:
+            c.flags.raise_abort()
 
     @property
     def fifo_capacity(self) -> int:
@@ -449,7 +556,7 @@ class LocalJob:
             # the FIFOs grow to what the ranks' call needs (its count: the scratch slot's blocks,
             # RankAllToAllv's), as run grows them
             k = c0._vcalls.tables(bool(inplace))[0].k
-            count = max(av.scratch_slot(c, k), 1) * k * N
+            count = av.launch_count(av.scratch_slot(c, k), k, N)
             self.fit_fifos(LaunchCall.plan(ir, count, ELEMENT_BYTES[dtype], c0.compiled_chunk_bytes,
                                            proto=c0.proto, slice_bytes=c0._slice_request).slot_cap)
 
@@ -489,6 +596,9 @@ class LocalJob:
         self._threads.close()
         if running is None:              # a kernel still running keeps the memory it may touch
             self._programs.close()
+            made, self._made_platforms = getattr(self, "_made_platforms", []), []
+            for pf in made:
+                pf.close()
 
     def __enter__(self):
         return self

@@ -230,16 +230,17 @@ def test_a_set_up_that_fails_names_every_ranks_failure_and_keeps_nothing():
 
 
 # ------------------------------------------------------------------------------ launched together
-def _slot_heads(job) -> np.ndarray:
+def _slot_heads(job, slot_bytes: int) -> np.ndarray:
     """[rank, receive connection, slot]: 8 bytes of every FIFO slot of every rank, past its reserved header
-    and alignment room (abi.SLOT_OVERHEAD), where every message through the slot writes data."""
+    and alignment room (abi.SLOT_OVERHEAD), where every message through the slot writes data; the
+    launch's slots are ``slot_bytes`` apart (its slot capacity's, within the FIFO's)."""
     from hccc.compiler.backend import abi
     out = []
     for r, comm in enumerate(job.comms):
         plan, mem, pf = comm._plans[r], comm._mem, comm._pf
         raw = np.zeros(plan.slots_bytes, np.uint8)
         pf.memcpy_dtoh(raw, mem.slots)
-        out.append([[raw[j * plan.fifo_bytes + s * plan.slot_bytes + abi.SLOT_OVERHEAD:][:8].view(np.uint64)[0]
+        out.append([[raw[j * plan.fifo_bytes + s * slot_bytes + abi.SLOT_OVERHEAD:][:8].view(np.uint64)[0]
                      for s in range(abi.NSLOTS)] for j in range(len(plan.recv_conns))])
     return np.array(out, np.uint64)
 
@@ -260,6 +261,10 @@ def test_ranks_launched_together_run_direct_mode_with_the_peers_array():
     inputs = reference.make_inputs("allreduce", 4, count, "float32", nchunks=ir.nchunks, seed=1)
     want = np.sum(np.stack(inputs), axis=0)
     mark = np.uint64(0xABABABABABABABAB)
+    # the call's slots: its slot capacity through the compiled slot (the single-process runner's recipe)
+    from hccc.compiler.backend.codegen import slot_bytes
+    from hccc.runtime.rank_memory import LaunchCall
+    launch_slot_bytes = slot_bytes(LaunchCall.plan(ir, count, 4, 1024).slot_cap, ir.max_step_chunks)
     with LocalJob(ir, timeout_s=30, proto="simple", nthreads=2) as job:
         for direct, untouched_slots in ((True, slice(3, 6)), (False, slice(0, 0))):
             for r, comm in enumerate(job.comms):
@@ -267,7 +272,7 @@ def test_ranks_launched_together_run_direct_mode_with_the_peers_array():
             got = job.collective(inputs, count, together=True, direct=direct)
             assert all(np.array_equal(g, want) for g in got)
             assert job.last_time_us is not None and job.last_time_us > 0
-            untouched = _slot_heads(job) == mark
+            untouched = _slot_heads(job, launch_slot_bytes) == mark
             assert untouched[:, :, untouched_slots].all(), (direct, untouched)
             assert not np.delete(untouched[:, :, :6], np.arange(6)[untouched_slots], axis=2).any(), (direct, untouched)
         job.comms[0].proto = "ll"
@@ -656,8 +661,8 @@ def test_a_kernel_past_the_jobs_watchdog_is_aborted_and_a_runs_timeout_is_the_ke
         res = job.run(16)
         assert time.monotonic() - t0 < 15 and not res.ok
         assert "host watchdog: kernel still running after 0.5 s" in res.stuck, res.stuck   # as the runner says
-        for c in job.comms:
-            c.watchdog_s = None
+        job.watchdog_s = None          # the size-based default from now on (generous: 30 s at least)
+        assert job.default_watchdog(16 * 4) >= 30
         res = job.run(16, timeout_s=0.3)
         assert [c.kernel_timeout_s for c in job.comms] == [60, 60]
         assert re.search(r"rank [01], TB 0 stuck in recv for chunk [01] \(micro-batch 0\)", res.stuck), res.stuck
