@@ -699,28 +699,56 @@ def test_a_jobs_fifos_grow_on_every_rank_and_its_calls_go_on(codegen):
         assert all(np.array_equal(g, want) for g in job.collective(x, 300, together=True))
 
 
+def _slot_need(ir, count: int, es: int, slice_bytes: int, proto: str, compiled: int) -> int:
+    """The slot capacity a call needs, by this test's own arithmetic: a FIFO region holds one
+    slice of one chunk (the chunk at most: ceil(count / nchunks) elements), in whole 16-byte
+    units, twice that under LL (half of each line is data), one region per chunk a primitive
+    moves at once; never more than the compiled slot."""
+    chunk = max(1, -(-count // ir.nchunks)) * es
+    need = -(-min(slice_bytes, chunk) // 16) * 16
+    return min(compiled, max(1, ir.max_step_chunks) * need * (2 if proto == "ll" else 1))
+
+
 @needs_gxx
 @settings(max_examples=6, deadline=None)
 @given(calls=st.lists(st.tuples(st.integers(1, 1500), st.sampled_from(["simple", "ll", "auto"]),
                                 st.sampled_from(["auto", 16, 64])), min_size=1, max_size=4))
-def test_a_jobs_fifos_grow_with_its_runs_as_the_runners_do(calls):
-    """FIFOs made small grow with each run by themselves to what the call needs, never shrink,
-    exactly as the single-process runner's (its own FIFO book, started at the same capacity); every
-    run is the collective's definition."""
-    from hccc.runtime.launcher import Runner
+def test_a_jobs_fifos_grow_with_its_runs_to_what_each_call_needs(calls):
+    """FIFOs made small grow with each run by themselves to the largest slot capacity a call so
+    far needed (:func:`_slot_need` of the call's reported slice and protocol), never shrink; and a
+    call runs alike whatever the FIFOs held before it: its protocol and slice are those of the
+    same call on a job whose FIFOs hold the compiled slot from the start. Every run is the
+    collective's definition."""
     from hccc.runtime.local_job import LocalJob
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=1024)
-    with LocalJob(ir, timeout_s=30, fifo_bytes=256) as job:
+    with LocalJob(ir, timeout_s=30, fifo_bytes=256) as job, LocalJob(ir, timeout_s=30) as full:
         small = job.fifo_capacity
-        assert job.grow_fifos and small < 1024
-        with Runner(ir, "cpu", "float32", "sum", timeout_s=30, fifo_capacity=small) as runner:
-            assert runner.fifo_capacity == small
-            for count, proto, slice_bytes in calls:
-                res = job.run(count, proto=proto, slice_bytes=slice_bytes)
-                want = runner.run(count=count, proto=proto, slice_bytes=slice_bytes)
-                assert res.ok and want.ok, (res.stuck, want.stuck)
-                assert job.fifo_capacity == runner.fifo_capacity, (count, proto, slice_bytes)
-                assert all(c.chunk_bytes == job.fifo_capacity for c in job.comms)
+        assert job.grow_fifos and small < 1024 and full.fifo_capacity == 1024
+        want_cap = small
+        for count, proto, slice_bytes in calls:
+            res = job.run(count, proto=proto, slice_bytes=slice_bytes, keep_outputs=False)
+            ref = full.run(count, proto=proto, slice_bytes=slice_bytes, keep_outputs=False)
+            assert res.ok and ref.ok, (res.stuck, ref.stuck)
+            assert (res.proto, res.slice_bytes) == (ref.proto, ref.slice_bytes), (count, proto, slice_bytes)
+            want_cap = max(want_cap, _slot_need(ir, count, 4, res.slice_bytes, res.proto, 1024))
+            assert job.fifo_capacity == want_cap, (count, proto, slice_bytes)
+            assert all(c.chunk_bytes == want_cap for c in job.comms)
+
+
+@needs_gxx
+def test_an_import_proven_one_micro_batch_per_chunk_keeps_it_through_small_fifos():
+    """An MSCCL import (proven under the algorithm-level order only) runs one micro-batch per
+    chunk: through FIFOs made small, the job grows them to the whole chunk and runs the call with
+    the compiled slot as its slice, as the single-process runner does, instead of refusing a
+    slice that cuts the chunks."""
+    from hccc.runtime.local_job import LocalJob
+    ir = load_program(ROOT / "examples" / "msccl" / "allreduce_ring_4.xml")
+    assert ir.algorithm_level and ir.nchunks == 4 and ir.max_step_chunks == 1
+    with LocalJob(ir, timeout_s=30, fifo_bytes=256) as job:
+        assert job.fifo_capacity < 4000
+        res = job.run(4000)                # chunks of 1000 elements: 4000 bytes a region
+        assert res.ok, (res.stuck, res.first_wrong)
+        assert res.slice_bytes == ir.chunk_bytes and job.fifo_capacity == 4000
 
 
 @needs_gxx
@@ -908,3 +936,103 @@ def test_the_ranks_of_a_job_in_threads_load_one_library_with_the_one_grid_entry(
         assert GridEntry(job.comms, "float32", "sum").fn.module.path in paths
         assert [c._library() for c in job.comms] == [([0, 1, 2], {"single_gpu": True})] * 3
         assert Communicator._library(job.comms[1]) == ([1], {})
+
+
+# ------------------------------------------------------------------------------ the runner's API on the job
+@needs_gxx
+def test_a_jobs_run_takes_the_size_as_bytes_or_elements():
+    """``nbytes`` (a whole number of elements) or ``count``, exactly one, as the runner takes them."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        res = job.run(nbytes=400)
+        assert res.ok and (res.count, res.bytes) == (100, 400)
+        assert job.run(nbytes=400, dtype="bfloat16").count == 200
+        for bad, text in (({}, "give exactly one of nbytes and count"),
+                          ({"count": 4, "nbytes": 16}, "give exactly one of nbytes and count"),
+                          ({"nbytes": 6}, "6 bytes is not a whole number of float32 elements (4 bytes each)"),
+                          ({"count": -1}, "count must be non-negative")):
+            with pytest.raises(ValueError) as err:
+                job.run(**bad)
+            assert str(err.value) == text
+
+
+@needs_gxx
+def test_a_job_says_its_layout_block_pieces_and_direct_receives():
+    """The bookkeeping callers read: every rank's buffer lengths at a count (an AllGather of 3
+    ranks: a third of the count in, the count out, the input inside the output at its rank's
+    third), an AllToAll's block pieces (``k`` a block, ``k * nranks`` chunks), and the direct-mode
+    receives (none when the sources keep every primitive on the FIFO)."""
+    from hccc.runtime.direct_peers import direct_receive_count
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allgather(3), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        assert [row[:2] for row in job.layout(30)] == [(10, 30)] * 3
+        assert [row[3] for row in job.layout(30)] == [0, 10, 20]
+    ar = build_program(gen.ring_allreduce(4), chunk_bytes=64)
+    with LocalJob(ar, timeout_s=30) as job:
+        assert job.direct_receives() == direct_receive_count(ar, ["cuda"] * 4, "auto") > 0
+    with LocalJob(ar, timeout_s=30, direct="off") as job:
+        assert job.direct_receives() == 0
+    a2a = load_program(ROOT / "examples" / "ring_alltoall_6.rccl")
+    with LocalJob(a2a, timeout_s=30) as job:
+        vm, tables = job.vblocks()
+        assert vm.k * 6 == a2a.nchunks and len(tables) == 6
+
+
+@needs_gxx
+def test_a_jobs_fifos_start_at_the_capacity_asked_for():
+    """``fifo_capacity`` at set-up: the FIFOs hold that slot capacity from the start (at least
+    the least slot, at most the compiled one), as the runner's; with ``fifo_bytes`` too, refused."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=1024)
+    for asked, held in ((64, 64), (10 ** 6, 1024), (1, 16 * max(1, ir.max_step_chunks))):
+        with LocalJob(ir, timeout_s=30, fifo_capacity=asked) as job:
+            assert job.fifo_capacity == held and all(c.chunk_bytes == held for c in job.comms)
+            assert job.run(300).ok
+    with pytest.raises(ValueError, match="give fifo_capacity or fifo_bytes, not both"):
+        LocalJob(ir, timeout_s=30, fifo_capacity=64, fifo_bytes=512)
+
+
+@needs_gxx
+def test_a_job_takes_a_backend_per_manifest_platform_or_a_platform_object():
+    """The runner's backend forms: a Platform object (its own sources' platform for every rank
+    by default), a dict from manifest platform to a name or a Platform object; a platform the
+    dict leaves out is refused before any rank is made, naming its ranks."""
+    from hccc.runtime.cpu import CpuPlatform
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=64)
+    hip = CpuPlatform(source_platform="hip")
+    try:
+        with LocalJob(ir, timeout_s=30, backend=hip) as job:
+            assert [c.rank_platform[c.rank] for c in job.comms] == ["hip"] * 4
+            assert all(c._pf is hip for c in job.comms) and job.run(50).ok
+        plats = ["cuda", "hip", "hip", "cuda"]
+        with LocalJob(ir, timeout_s=30, backend={"cuda": "cpu", "hip": hip}, platforms=plats) as job:
+            assert [c._pf.source_platform for c in job.comms] == plats
+            assert job.comms[1]._pf is hip and job.comms[0]._pf is job.comms[3]._pf is not hip
+            assert job.run(50).ok
+        with pytest.raises(PlatformError, match=r"no backend for the hip ranks 1-2 of"):
+            LocalJob(ir, timeout_s=30, backend={"cuda": "cpu"}, platforms=plats)
+    finally:
+        hip.close()
+
+
+@needs_gxx
+def test_stopping_a_jobs_kernels_fails_the_running_call_and_the_job_runs_again():
+    """``stop_kernels`` during a call whose kernels would spin for a minute: the call ends at
+    once, failed on every rank (the kernels saw the abort flag), and the job runs again."""
+    from codegen_irs import stuck_ir
+    from hccc.runtime.local_job import LocalJob
+    with LocalJob(stuck_ir(), timeout_s=20, kernel_timeout_s=60, nthreads=2) as job:
+        timer = threading.Timer(0.5, job.stop_kernels)
+        timer.start()
+        t0 = time.monotonic()
+        res = job.run(16)
+        timer.join()
+        assert time.monotonic() - t0 < 15 and not res.ok and res.stuck, res
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        job.stop_kernels()                 # (nothing running: the next call clears the flag)
+        assert job.run(30).ok
