@@ -123,6 +123,15 @@ class ThreadRank(Communicator):
         key = (ident, id(self._prog), inst, tuple(ranks), tuple(sorted(scope.items())))
         return self._programs.module(key, self._prog, lambda: super(ThreadRank, self)._build(inst, ranks, scope))
 
+    #: the launch together this rank's current call takes part in (:class:`GroupLaunch`), or
+    #: None: the rank launches its own kernel
+    group: "GroupLaunch | None" = None
+
+    def _run(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None) -> None:
+        if self.group is None:
+            return super()._run(method, count, dtype, op, in_p, out_p, v)
+        self.group.run(self.rank, method, count, dtype, op, in_p, out_p, v)
+
     def _allocate(self) -> None:
         super()._allocate()
         self._sync = BackgroundSync(f"hccc-rank-{self.rank}-wait")
@@ -293,14 +302,13 @@ class LocalJob:
 
         def step(r, comm):
             x, out = _call_buffers(np.asarray(inputs[r]), rows[r], garbage, inplace)
-            if group is None:
+
+            def call():
                 getattr(comm, method)(as_kernel(x), out=as_kernel(out), **kwargs)
-                return np.array(out, copy=True)
-            try:
-                group.call(r, method, as_kernel(x), as_kernel(out), op)
-            except BaseException:
-                group.gate.abort()          # the peers stop waiting for this rank's launch
-                raise
+            if group is None:
+                call()
+            else:
+                group.call(r, call)
             return np.array(out, copy=True)
         try:
             got = self.each(step)
@@ -788,16 +796,27 @@ class GroupLaunch:
         self._staged: list = []
         self.gate = threading.Barrier(len(comms), action=self._launch_all)
 
-    def call(self, rank: int, method: str, x, out, op: str) -> None:
-        """Rank ``rank``'s part: its call checked and routed (``x`` into ``out``, out of place),
-        taken up to the launch, the launch left to the last rank to arrive, then its wait."""
+    def call(self, rank: int, step) -> object:
+        """Rank ``rank``'s part: ``step()``, the rank's call made through its communicator's own
+        method (checked and routed as any call), whose launch (:meth:`run`) joins this one; a
+        rank that fails before the launch lets its peers go at once."""
         comm = self.comms[rank]
-        count, dtype, in_p, out_p, copy_back = comm._prepare(method, x, out, False, op)
-        if copy_back is not None:
-            raise CommunicatorError(f"rank {rank}: {method}: launched together, a call runs on the "
-                                    "caller's arrays only (no temporaries)")
+        comm.group = self
+        try:
+            return step()
+        except BaseException:
+            self.gate.abort()          # the peers stop waiting for this rank's launch
+            raise
+        finally:
+            comm.group = None
+
+    def run(self, rank: int, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None) -> None:
+        """Rank ``rank``'s launch of its call (in place of
+        :meth:`~hccc.runtime.process_rank.ProcessRank._run`): taken up to the launch, the launch
+        left to the last rank to arrive, then its wait."""
+        comm = self.comms[rank]
         # the gate below is the second barrier: no kernel is launched before every rank has reset
-        self._pending[rank] = comm._begin(method, count, dtype, op, in_p, out_p, meet_after_reset=False)
+        self._pending[rank] = comm._begin(method, count, dtype, op, in_p, out_p, v, meet_after_reset=False)
         try:
             self.gate.wait()
         except BaseException as exc:
