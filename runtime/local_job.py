@@ -294,31 +294,29 @@ class LocalJob:
         as_kernel = _bfloat16_tensor if bfloat16 else (lambda a: a)
         dtype = ("bfloat16" if bfloat16 else
                  call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype)
-        grid = self._grid_entry(dtype, op) if one_grid else None
-        group = GroupLaunch(self.comms, direct, grid) if together else None
-
         # outputs start as garbage (a NaN, the most negative integer), so an element never written shows up
         garbage = oracle.GARBAGE[dtype]
 
         def step(r, comm):
             x, out = _call_buffers(np.asarray(inputs[r]), rows[r], garbage, inplace)
-
-            def call():
-                getattr(comm, method)(as_kernel(x), out=as_kernel(out), **kwargs)
-            if group is None:
-                call()
-            else:
-                group.call(r, call)
+            getattr(comm, method)(as_kernel(x), out=as_kernel(out), **kwargs)
             return np.array(out, copy=True)
+        return self._each_call(step, together, direct, self._grid_entry(dtype, op) if one_grid else None)
+
+    def _each_call(self, step, together: bool, direct: bool = False, grid: "GridEntry | None" = None) -> list:
+        """:meth:`each` of ``step(rank, communicator)``, one call of every rank; ``together``: their
+        kernels launched by one thread (:class:`GroupLaunch`, with ``direct`` mode's peers array,
+        as the ``grid`` launch), the call's time in :attr:`last_time_us`."""
+        if not together:
+            return self.each(step)
+        group = GroupLaunch(self.comms, direct, grid)
         try:
-            got = self.each(step)
-            if group is not None:
-                #: the last call launched together: microseconds from its launch to its last kernel's end
-                self.last_time_us = group.time_us()
+            got = self.each(lambda r, comm: group.call(r, lambda: step(r, comm)))
+            #: the last call launched together: microseconds from its launch to its last kernel's end
+            self.last_time_us = group.time_us()
             return got
         finally:
-            if group is not None:
-                group.free()
+            group.free()
 
     def _interrupt(self) -> None:
         """Ctrl-C during a call: every rank gives up at once (its host barrier or the wait for its
@@ -379,16 +377,7 @@ class LocalJob:
         c0 = self.comms[0]
         proto = c0.proto if proto is None else proto
         es, memo = ELEMENT_BYTES[dtype], self._programs.memo
-        compiled = c0.compiled_chunk_bytes if self.grow_fifos else None
-        if self.grow_fifos:
-            # the FIFOs grow with the call, as the single-process runner's: to the slot capacity
-            # the call is planned with through the compiled slot (job_call; fit_fifos never shrinks)
-            self.fit_fifos(memo(("fit", count, es, proto, slice_bytes), lambda: LaunchCall.plan(
-                self.ir, count, es, compiled, proto=proto, slice_bytes=slice_bytes)).slot_cap)
-        # the call's protocol and slice checked before any rank makes it: the plan every rank
-        # then takes (ThreadRank._plan_call's)
-        memo(("call", count, es, proto, slice_bytes, c0.chunk_bytes, c0._ll_refused(), self.grow_fifos),
-             lambda: job_call(self.ir, count, es, proto, slice_bytes, compiled, c0.chunk_bytes, c0._ll_refused()))
+        self._plan_ahead(count, es, proto, slice_bytes)
         if one_grid is None:
             one_grid = together and self.grid_usable(dtype, op)
         if nthreads is not None:
@@ -397,13 +386,7 @@ class LocalJob:
         inputs = run_inputs(self.ir, dtype, op, inputs, rows, count, seed)
         device = [oracle.to_device(x, dtype) for x in inputs]
         outs, stuck, times, verdicts = None, None, [], []
-        kept = [(c.proto, c._slice_request, c.block, c.kernel_timeout_s, c.watchdog_s) for c in self.comms]
-        for c in self.comms:
-            c.proto, c._slice_request = proto, slice_bytes
-            c.block = c.block if nthreads is None else int(nthreads)
-            c.kernel_timeout_s = c.kernel_timeout_s if timeout_s is None else float(timeout_s)
-            if self.watchdog_s is None:
-                c.watchdog_s = default_watchdog_s(c.kernel_timeout_s, count * es, self.nranks)
+        kept = self._set_call_options(proto, slice_bytes, nthreads, timeout_s, count * es)
 
         def call():
             outs = self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid,
@@ -422,8 +405,7 @@ class LocalJob:
             outs, stuck = None, str(exc)
             self.recover()
         finally:
-            for c, (p, sl, b, t, w) in zip(self.comms, kept):
-                c.proto, c._slice_request, c.block, c.kernel_timeout_s, c.watchdog_s = p, sl, b, t, w
+            self._restore_call_options(kept)
         wrong = sum(v[0] for v in verdicts)
         first = next((v[1] for v in verdicts if v[1] is not None), None)
         coll_wrong, used = (verdicts[0][2], verdicts[0][3]) if verdicts else (-1, None)
@@ -435,6 +417,37 @@ class LocalJob:
                          oracle=used, outputs=outs if keep_outputs and stuck is None else None,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
                          checks=len(verdicts))
+
+    def _plan_ahead(self, count: int, es: int, proto: str, slice_bytes) -> None:
+        """Before any rank makes a call of ``count`` elements of ``es`` bytes: the FIFOs grown to
+        the slot capacity it is planned with through the compiled slot (where they grow,
+        :func:`job_call`; :meth:`fit_fifos` never shrinks), as the single-process runner's, and
+        its protocol and slice checked (ValueError), the plan every rank then takes
+        (:meth:`ThreadRank._plan_call`'s)."""
+        c0, memo = self.comms[0], self._programs.memo
+        compiled = c0.compiled_chunk_bytes if self.grow_fifos else None
+        if self.grow_fifos:
+            self.fit_fifos(memo(("fit", count, es, proto, slice_bytes), lambda: LaunchCall.plan(
+                self.ir, count, es, compiled, proto=proto, slice_bytes=slice_bytes)).slot_cap)
+        memo(("call", count, es, proto, slice_bytes, c0.chunk_bytes, c0._ll_refused(), self.grow_fifos),
+             lambda: job_call(self.ir, count, es, proto, slice_bytes, compiled, c0.chunk_bytes, c0._ll_refused()))
+
+    def _set_call_options(self, proto: str, slice_bytes, nthreads, timeout_s, nbytes: int) -> list:
+        """Every rank's protocol, slice, threads per block (None: its own), kernel spin-wait limit
+        (None: its own) and, without a job-wide :attr:`watchdog_s`, watchdog for the calls of one
+        run of ``nbytes``; what they were, for :meth:`_restore_call_options`."""
+        kept = [(c.proto, c._slice_request, c.block, c.kernel_timeout_s, c.watchdog_s) for c in self.comms]
+        for c in self.comms:
+            c.proto, c._slice_request = proto, slice_bytes
+            c.block = c.block if nthreads is None else int(nthreads)
+            c.kernel_timeout_s = c.kernel_timeout_s if timeout_s is None else float(timeout_s)
+            if self.watchdog_s is None:
+                c.watchdog_s = default_watchdog_s(c.kernel_timeout_s, nbytes, self.nranks)
+        return kept
+
+    def _restore_call_options(self, kept: list) -> None:
+        for c, (p, sl, b, t, w) in zip(self.comms, kept):
+            c.proto, c._slice_request, c.block, c.kernel_timeout_s, c.watchdog_s = p, sl, b, t, w
 
     def default_watchdog(self, nbytes: int) -> float:
         """The host-side limit on each kernel's run of a call of ``nbytes`` (full buffer) when the
@@ -525,7 +538,9 @@ class LocalJob:
     def run_v(self, counts, *, sdispls=None, rdispls=None, send_lens=None, recv_lens=None,
               inplace: bool = False, inputs: list | None = None, seed: int = 0, warmup: int = 0,
               iters: int = 1, keep_outputs: bool = True, dtype: str | None = None,
-              pass_displs: bool | None = None) -> RunResult:
+              pass_displs: bool | None = None, proto: str | None = None, slice_bytes: int | str = "auto",
+              timeout_s: float | None = None, together: bool = False, direct: bool = False,
+              one_grid: bool | None = False) -> RunResult:
         """The AllToAll program as an AllToAllv (:mod:`hccc.runtime.alltoallv`), as the
         single-process runner's ``run_v`` takes it: ``counts[s][d]`` elements from rank ``s`` to
         rank ``d``, displacements ``sdispls[s][d]`` / ``rdispls[d][s]`` (None: packed), buffers of
@@ -538,10 +553,14 @@ class LocalJob:
         the single-process runner's ``run_v``. ``warmup + iters`` calls of every rank's
         :meth:`~hccc.runtime.communicator.Communicator.all_to_all_v` (each rank's counts checked
         by the ranks themselves, compared at the call's barrier), the last one's receive buffers
-        compared with :func:`hccc.runtime.alltoallv.expected` (not timed: ``time_us`` is nan).
+        compared with :func:`hccc.runtime.alltoallv.expected`; ``together`` (with ``direct`` and
+        ``one_grid`` as for :meth:`run`): launched together and timed (``time_us``, the mean of
+        the ``iters`` timed calls), else not timed (nan). ``proto``, ``slice_bytes`` and
+        ``timeout_s`` hold for these calls only, as for :meth:`run`.
         ValueError (CountsError naming the entry) before any call for counts the buffers cannot
         take; a failed call is the result's ``stuck`` and the job runs again (:meth:`recover`). The
-        FIFOs first grow to what the call needs, as for :meth:`run`."""
+        FIFOs first grow to what the call needs, as for :meth:`run`: its launch count
+        (:func:`~hccc.runtime.alltoallv.launch_count`, the ranks' own)."""
         ir, N = self.ir, self.nranks
         if not SPECS[ir.collective].per_pair_counts:
             raise ValueError(f"{ir.name} is a {ir.collective}: per-pair counts need an AllToAll program")
@@ -556,37 +575,42 @@ class LocalJob:
         given = pass_displs if pass_displs is not None else (sdispls is not None or rdispls is not None)
         # the displacements the ranks pass: the checked ones (packed where None), or None (packed)
         s_pass, r_pass = (sd, rd) if given else (None, None)
+        es = ELEMENT_BYTES[dtype]
+        c0 = self.comms[0]
+        proto = c0.proto if proto is None else proto
+        k = self.vblocks(inplace)[0].k
+        self._plan_ahead(av.launch_count(av.scratch_slot(c, k), k, N), es, proto, slice_bytes)
+        if one_grid is None:
+            one_grid = together and self.grid_usable(dtype, "sum")
         inputs, before = alltoallv_buffers(dtype, inputs, send_lens, recv_lens, inplace, seed)
         want = av.expected([np.array(x) for x in inputs], before, c, sd, rd)
         as_kernel = _bfloat16_tensor if dtype == "bfloat16" else (lambda a: a)
-        c0 = self.comms[0]
-        if self.grow_fifos:
-            # the FIFOs grow to what the ranks' call needs (its count: the scratch slot's blocks,
-            # RankAllToAllv's), as run grows them
-            k = c0._vcalls.tables(bool(inplace))[0].k
-            count = av.launch_count(av.scratch_slot(c, k), k, N)
-            self.fit_fifos(LaunchCall.plan(ir, count, ELEMENT_BYTES[dtype], c0.compiled_chunk_bytes,
-                                           proto=c0.proto, slice_bytes=c0._slice_request).slot_cap)
 
         def step(r, comm):
             x = oracle.to_device(inputs[r], dtype).copy()
             out = None if inplace else oracle.to_device(before[r], dtype).copy()
             comm.all_to_all_v(as_kernel(x), None if inplace else as_kernel(out), c, sdispls=s_pass, rdispls=r_pass)
             return oracle.from_device(x if inplace else out, dtype)
-        outs, stuck = None, None
+        grid = self._grid_entry(dtype, "sum") if one_grid else None
+        outs, stuck, times = None, None, []
+        kept = self._set_call_options(proto, slice_bytes, None, timeout_s, int(c.sum()) * es)
         try:
-            for _ in range(warmup + iters):
-                outs = self.each(step)
+            for it in range(warmup + iters):
+                outs = self._each_call(step, together, direct, grid)
+                if together and it >= warmup:
+                    times.append(self.last_time_us)
         except CommunicatorError as exc:
             outs, stuck = None, str(exc)
             self.recover()
+        finally:
+            self._restore_call_options(kept)
         wrong, first = oracle.count_wrong(ir.collective, outs, want) if outs is not None else (0, None)
-        es = ELEMENT_BYTES[dtype]
         per_rank = int(c.sum()) * es // max(N, 1)
         return RunResult(bytes=per_rank, count=per_rank // es, dtype=dtype, op="sum", inplace=bool(inplace),
-                         wrong=int(wrong), time_us=float("nan"), stuck=stuck, first_wrong=first,
-                         collective=ir.collective, nranks=N, iters=0, collective_wrong=0, nthreads=c0.block,
-                         oracle="alltoallv", outputs=outs if keep_outputs else None,
+                         wrong=int(wrong), time_us=float(np.mean(times)) if times else float("nan"), stuck=stuck,
+                         first_wrong=first, collective=ir.collective, nranks=N, iters=len(times),
+                         collective_wrong=0, nthreads=c0.block, oracle="alltoallv",
+                         outputs=outs if keep_outputs else None,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
                          checks=1 if outs is not None else 0)
 
