@@ -51,7 +51,8 @@ from hccc.compiler.backend.abi import NSLOTS
 from hccc.runtime.kernel_errors import IGNORES_ABORT
 from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, call_count, check_placement,
                                    program_layout, run_inputs)
-from hccc.runtime.platform import Instance
+from hccc.runtime.platform import Instance, PlatformError
+from hccc.runtime.rank_kernels import check_resident_together, fit_block_threads
 from hccc.runtime.process_rank import _PLAN_CACHE_MAX
 from hccc.runtime.rank_platforms import rank_platforms, ranks_by_platform, resolve_platforms
 from hccc.runtime.rank_memory import BackgroundSync, LaunchCall, grid_argument
@@ -233,12 +234,59 @@ class LocalJob:
         self.grow_fifos = all(c._owned.private for c in self.comms)
         for c in self.comms:
             c.grows = self.grow_fifos
+        #: why the ranks run fewer threads per block than emitted (or None: as emitted), the
+        #: first rank's that says so
+        self.threads_note = next((c.threads_note for c in self.comms if c.threads_note), None)
+        try:
+            self._fit_together(communicator_options.get("nthreads") is None, self.dtype,
+                               str(communicator_options.get("op", "sum")))
+        except BaseException:
+            self.close()
+            raise
         if fifo_capacity is not None and self.grow_fifos:
             try:
                 self.fit_fifos(fifo_capacity)
             except BaseException:
                 self.close()
                 raise
+
+    def _together_on(self) -> list[list]:
+        """The ranks (with blocks to launch) that share a device of one Platform object: their
+        kernels run at once there."""
+        groups: dict = {}
+        for c in self.comms:
+            if c.grid > 0:
+                groups.setdefault((id(c._pf), c.device), []).append(c)
+        return list(groups.values())
+
+    def _fit_together(self, auto: bool, dtype: str, op: str, block: int | None = None) -> None:
+        """Every block of the ranks on one device of one platform resident at once, as the
+        single-process runner requires of its ranks (each rank's set-up checked its own only):
+        with ``auto`` threads (no ``nthreads`` given) the ranks there go down to the most threads
+        per block for which they all fit (:func:`~hccc.runtime.rank_kernels.fit_block_threads`,
+        :attr:`threads_note` says so); else, or when nothing fits, PlatformError naming what the
+        ranks need (:func:`~hccc.runtime.rank_kernels.check_resident_together`). ``block``: the
+        threads per block of a run that gives them, checked only."""
+        op = op if SPECS[self.ir.collective].reduces else "sum"
+        for cs in self._together_on():
+            pf, need = cs[0]._pf, sum(c.grid for c in cs)
+            fns = [c._kernel(dtype, op) for c in cs]
+
+            def cap(b: int) -> int:
+                return min(pf.max_resident_blocks(fn, b) for fn in fns)
+            b = max(c.block for c in cs) if block is None else int(block)
+            if auto and block is None and need > cap(b):
+                flavour = cs[0].rank_platform[cs[0].rank]
+                least = pf.least_block_threads(flavour)
+                fit, note = fit_block_threads(b, flavour, lambda t: need <= cap(t), least=least)
+                if note is not None:
+                    for c in cs:
+                        c.block = fit
+                    b, self.threads_note = fit, note
+                else:          # nothing fits: refused at the fewest threads tried
+                    while b // 2 >= least:
+                        b //= 2
+            check_resident_together(self.ir.name, pf, cs[0].device, len(cs), need, b, cap(b))
 
     def _rank_backends(self, backend, platforms, cache_dir) -> list:
         """What each rank's communicator runs on: the backend as given, or for a dict from
@@ -534,6 +582,10 @@ class LocalJob:
             if c.grid > fit:
                 raise ValueError(f"rank {c.rank}'s kernel needs {c.grid} thread blocks of {block} threads "
                                  f"resident at once; at most {fit} fit")
+        try:                 # and the ranks that share a device, together
+            self._fit_together(False, dtype, op, block)
+        except PlatformError as exc:
+            raise ValueError(str(exc)) from None
 
     def run_v(self, counts, *, sdispls=None, rdispls=None, send_lens=None, recv_lens=None,
               inplace: bool = False, inputs: list | None = None, seed: int = 0, warmup: int = 0,

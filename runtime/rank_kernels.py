@@ -36,6 +36,17 @@ def fit_block_threads(block: int, platform: str, fits, least: int | None = None)
                "of the kernel is resident at once")
 
 
+def check_resident_together(name: str, pf, device: int, nranks: int, need: int, block: int, cap: int) -> None:
+    """PlatformError unless ``need`` thread blocks of ``block`` threads, of ``nranks`` ranks of
+    program ``name`` on ``device`` of ``pf``, fit the ``cap`` blocks resident at once there: they
+    spin on each other, so every one must run at once (with the platform's advice)."""
+    if need > cap:
+        raise PlatformError(
+            f"cannot run {name} on {pf.name}: its {nranks} ranks on device {device} need {need} thread "
+            f"blocks of {block} threads resident at once, but at most {cap} fit; "
+            f"{pf.residency_advice(need, block)}")
+
+
 class RankKernels:
     """The placement, kernels and launch shape of every rank of ``program`` (a
     :class:`GeneratedProgram` of ``ir``) for ``dtype`` / ``op``. ``platforms``: manifest platform ->
@@ -166,11 +177,7 @@ class RankKernels:
                 cap = pf.max_resident_blocks(self.grid_fn, b)
             else:
                 cap = min(pf.max_resident_blocks(self.fns[r], blk[r]) for r in rs)
-            if need > cap:
-                raise PlatformError(
-                    f"cannot run {self.ir.name} on {pf.name}: its {len(rs)} ranks on "
-                    f"device {d} need {need} thread blocks of {b} threads resident at once, "
-                    f"but at most {cap} fit; {pf.residency_advice(need, b)}")
+            check_resident_together(self.ir.name, pf, d, len(rs), need, b, cap)
 
     def check_partial_residency(self) -> None:
         """Where a platform keeps only some blocks of a launch resident (``launch_residency``): a

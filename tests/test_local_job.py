@@ -1036,3 +1036,35 @@ def test_stopping_a_jobs_kernels_fails_the_running_call_and_the_job_runs_again()
     with LocalJob(ir, timeout_s=30) as job:
         job.stop_kernels()                 # (nothing running: the next call clears the flag)
         assert job.run(30).ok
+
+
+@needs_gxx
+def test_the_ranks_on_one_device_fit_their_blocks_together():
+    """Ranks on one device of one platform run at once and spin on each other: every block of
+    all of them must be resident together, not each rank's alone (Ring AllReduce 4: 2 blocks a
+    rank, 8 in all, against an emulation's thread budget). Without ``nthreads`` the ranks go
+    down to 1 thread per block and say so; with it, or below what fits at 1 thread, the job is
+    refused naming the budget that runs it; a run's ``nthreads`` is checked the same way."""
+    from codegen_irs import ring_allreduce
+    from hccc.runtime.cpu import CpuPlatform
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
+    ir = ring_allreduce(4)
+    ir.chunk_bytes = 64
+    for budget, nthreads, refused in ((8, None, None), (7, None, "HCCC_CPU_MAX_THREADS=8 "),
+                                      (15, 2, "use fewer threads per block, or .*HCCC_CPU_MAX_THREADS=16 ")):
+        pf = CpuPlatform(max_threads=budget)
+        try:
+            if refused is not None:
+                with pytest.raises(PlatformError, match=refused) as err:
+                    LocalJob(ir, timeout_s=30, backend=pf, nthreads=nthreads)
+                assert f"its 4 ranks on device 0 need 8 thread blocks of {nthreads or 1} threads" in str(err.value)
+                continue
+            with LocalJob(ir, timeout_s=30, backend=pf) as job:
+                assert [c.block for c in job.comms] == [1] * 4
+                assert "1 thread per thread block instead of the emitted 2" in job.threads_note
+                assert job.run(1000).ok
+                with pytest.raises(ValueError, match="need 8 thread blocks of 2 threads resident at once"):
+                    job.run(1000, nthreads=2)
+        finally:
+            pf.close()
