@@ -44,7 +44,7 @@ from hccc.runtime.direct_peers import direct_receive_count, peers_blob, peers_us
 from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
-from hccc.runtime.memory_limits import check_fifo_memory
+from hccc.runtime.memory_limits import check_fifo_memory, check_run_memory
 from hccc.runtime.kernel_abi import Args
 from hccc.runtime.kernel_watch import default_watchdog_s
 from hccc.compiler.backend.abi import NSLOTS
@@ -431,6 +431,9 @@ class LocalJob:
         if nthreads is not None:
             self.check_threads(int(nthreads), dtype, op, one_grid)
         rows = memo(("layout", count), lambda: program_layout(self.ir, count))
+        # the call's buffers within the run's memory limit, and the placement, before any rank makes it
+        check_run_memory(self.ir.name, count * es, sum(a + b + c for a, b, c, _, _ in rows) * es)
+        check_placement(self.ir, inplace, rows)
         inputs = run_inputs(self.ir, dtype, op, inputs, rows, count, seed)
         device = [oracle.to_device(x, dtype) for x in inputs]
         outs, stuck, times, verdicts = None, None, [], []
@@ -477,8 +480,10 @@ class LocalJob:
         if self.grow_fifos:
             self.fit_fifos(memo(("fit", count, es, proto, slice_bytes), lambda: LaunchCall.plan(
                 self.ir, count, es, compiled, proto=proto, slice_bytes=slice_bytes)).slot_cap)
-        memo(("call", count, es, proto, slice_bytes, c0.chunk_bytes, c0._ll_refused(), self.grow_fifos),
-             lambda: job_call(self.ir, count, es, proto, slice_bytes, compiled, c0.chunk_bytes, c0._ll_refused()))
+        call = memo(("call", count, es, proto, slice_bytes, c0.chunk_bytes, c0._ll_refused(), self.grow_fifos),
+                    lambda: job_call(self.ir, count, es, proto, slice_bytes, compiled, c0.chunk_bytes,
+                                     c0._ll_refused()))
+        call.check(self.ir)        # (a slice that cuts the chunks of an import: refused by every rank)
 
     def _set_call_options(self, proto: str, slice_bytes, nthreads, timeout_s, nbytes: int) -> list:
         """Every rank's protocol, slice, threads per block (None: its own), kernel spin-wait limit

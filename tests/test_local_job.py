@@ -6,6 +6,7 @@ one rank per process takes, in threads), whose outputs are compared with the col
 definition (:func:`hccc.runtime.reference.expected`, computed from the inputs alone)."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import threading
@@ -1068,3 +1069,31 @@ def test_the_ranks_on_one_device_fit_their_blocks_together():
                     job.run(1000, nthreads=2)
         finally:
             pf.close()
+
+
+@needs_gxx
+def test_a_run_the_program_or_the_limits_cannot_take_is_refused_before_any_call(monkeypatch):
+    """As the runner refuses them, before any rank makes the call: a slice that cuts an MSCCL
+    import's chunks (it would stick), a placement the program is not proven for, buffers over
+    the run's memory limit (HCCC_MAX_RUN_BYTES); no call is counted on any rank."""
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
+    ir = load_program(ROOT / "examples" / "msccl" / "allreduce_ring_4.xml")
+    with LocalJob(ir, timeout_s=30) as job:
+        with pytest.raises(ValueError, match="a slice of 16 bytes cuts the 4000-byte chunks"):
+            job.run(4000, slice_bytes=16)
+        assert [c._calls for c in job.comms] == [0] * 4
+    ag = build_program(gen.ring_allgather(3), chunk_bytes=64)
+    with LocalJob(ag, timeout_s=30) as job:
+        job.ir.origin = dataclasses.replace(job.ir.origin, inplace=False)     # an import declared out of place
+        try:
+            with pytest.raises(ValueError, match="is proven out of place only"):
+                job.run(30, inplace=True)
+        finally:
+            job.ir.origin = dataclasses.replace(job.ir.origin, inplace=None)
+        monkeypatch.setenv("HCCC_MAX_RUN_BYTES", "1000")
+        with pytest.raises(PlatformError, match="over the limit of .*HCCC_MAX_RUN_BYTES"):
+            job.run(3000)
+        assert [c._calls for c in job.comms] == [0] * 3
+        monkeypatch.delenv("HCCC_MAX_RUN_BYTES")
+        assert job.run(30).ok
