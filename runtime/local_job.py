@@ -45,7 +45,7 @@ from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.memory_limits import check_fifo_memory, check_run_memory
-from hccc.runtime.kernel_abi import Args
+from hccc.runtime.kernel_abi import Args, grid_first
 from hccc.runtime.kernel_watch import default_watchdog_s
 from hccc.compiler.backend.abi import NSLOTS
 from hccc.runtime.kernel_errors import IGNORES_ABORT
@@ -972,9 +972,12 @@ class GridEntry:
     def __init__(self, comms: list, dtype: str, op: str):
         first = comms[0]
         flavours = {c.rank_platform[c.rank] for c in comms}
-        if len(flavours) > 1 or first.codegen != "specialized":
-            raise CommunicatorError("one grid runs the specialised kernels of ranks of one platform"
-                                    f" (this job: {', '.join(sorted(flavours))}, {first.codegen} kernels)")
+        if len(flavours) > 1:
+            raise CommunicatorError("one grid runs the kernels of ranks of one platform"
+                                    f" (this job: {', '.join(sorted(flavours))})")
+        #: table mode: the entry finds each block's rank through the first block of every rank
+        #: (:func:`~hccc.runtime.kernel_abi.grid_first`) and takes every rank's table argument
+        self.table = first.codegen == "table"
         self.comms, self.pf, prog = comms, first._pf, first._prog
         inst = Instance(dtype, op)
         sym = grid_symbol(prog.manifest, first.rank_platform[0], inst)
@@ -1002,14 +1005,21 @@ class GridEntry:
                                     f"of {block} threads resident at once; at most {fit} fit")
 
     def argument(self, packed: list[bytes], staged: list) -> bytes:
-        """The entry's argument over every rank's packed ``hccc_args`` (``packed``), copied into
-        rank 0's memory (appended to ``staged``, freed after the call)."""
-        blob = np.frombuffer(b"".join(packed), np.uint8)
+        """The entry's argument over every rank's packed kernel argument (``packed``: ``hccc_args``,
+        or ``hccc_table_args`` in table mode, with the block table of every rank's first block),
+        copied into rank 0's memory (appended to ``staged``, freed after the call)."""
         owner = self.comms[0]
-        ptr = owner._owned.local(max(blob.nbytes, ctypes.sizeof(Args)))
-        staged.append((owner, ptr))
-        self.pf.memcpy_htod(ptr, blob)
-        return grid_argument(ptr, len(packed))
+
+        def put(data: bytes, least: int) -> int:
+            blob = np.frombuffer(data, np.uint8)
+            ptr = owner._owned.local(max(blob.nbytes, least))
+            staged.append((owner, ptr))
+            self.pf.memcpy_htod(ptr, blob)
+            return ptr
+        ranks = put(b"".join(packed), ctypes.sizeof(Args))
+        if not self.table:
+            return grid_argument(ranks, len(packed))
+        return grid_argument(ranks, len(packed), first=put(grid_first([c.grid for c in self.comms]), 16))
 
     def launch(self, arg: bytes) -> None:
         """Every rank's blocks in one launch on rank 0's stream."""

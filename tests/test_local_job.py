@@ -302,17 +302,18 @@ def test_direct_mode_and_one_grid_need_the_ranks_launched_together(how):
 
 
 @needs_gxx
-@pytest.mark.parametrize("direct", [False, True])
-def test_ranks_launched_as_one_grid_make_one_launch_of_every_ranks_blocks(direct):
+@pytest.mark.parametrize("direct,codegen", [(False, "specialized"), (True, "specialized"), (True, "table")])
+def test_ranks_launched_as_one_grid_make_one_launch_of_every_ranks_blocks(direct, codegen):
     """The one-grid entry launched once, by rank 0's platform, with every rank's blocks, and no
     rank's own launch step (counted by spies on the platforms and the ranks); every rank's output
-    is the collective's definition."""
+    is the collective's definition. Table mode too: the generic kernels' entry finds each block's
+    rank through the block table and runs that rank's table."""
     from hccc.runtime.local_job import LocalJob
     ir = build_program(gen.ring_allreduce(4, [0, 2, 1, 3]), chunk_bytes=64)
     count = 1001
     inputs = reference.make_inputs(ir.collective, 4, count, "float32", nchunks=ir.nchunks, seed=3)
     want = reference.expected(ir.collective, inputs, "sum", nchunks=ir.nchunks)
-    with LocalJob(ir, timeout_s=30, proto="simple") as job:
+    with LocalJob(ir, timeout_s=30, proto="simple", codegen=codegen) as job:
         seen = []
         for r, comm in enumerate(job.comms):
             real = comm._launch
