@@ -54,7 +54,7 @@ from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, 
 from hccc.runtime.platform import Instance, PlatformError
 from hccc.runtime.rank_kernels import check_resident_together, fit_block_threads
 from hccc.runtime.process_rank import _PLAN_CACHE_MAX
-from hccc.runtime.rank_platforms import rank_platforms, ranks_by_platform, resolve_platforms
+from hccc.runtime.rank_platforms import check_backend, rank_platforms, ranks_by_platform, resolve_platforms
 from hccc.runtime.rank_memory import BackgroundSync, LaunchCall, grid_argument
 
 
@@ -296,6 +296,8 @@ class LocalJob:
         (:func:`~hccc.runtime.rank_platforms.resolve_platforms`: a sender writes the receiver's
         FIFOs), PlatformError otherwise, before any rank is made."""
         if not isinstance(backend, dict):
+            # a backend that cannot run some ranks' sources: refused once, naming them, before any rank
+            check_backend(self.ir, backend, ranks_by_platform(platforms or rank_platforms(self.nranks, backend, None)))
             return [backend] * self.nranks
         groups = ranks_by_platform(platforms)
         spec = {p: v for p, v in backend.items()}
@@ -1055,9 +1057,14 @@ def _call_buffers(x: np.ndarray, row, garbage, inplace: bool) -> tuple[np.ndarra
 
 
 def _job_error(errors: list, doing: str) -> CommunicatorError:
-    """One error naming every rank's failure (each message names its rank)."""
+    """One error naming every rank's failure (each message names its rank); where every rank
+    failed alike (the same message but for its rank), that message once, for every rank."""
     lines = [str(e) if isinstance(e, CommunicatorError) else f"rank {r}: {type(e).__name__}: {e}"
              for r, e in enumerate(errors) if e is not None]
+    alike = {line[len(f"rank {r}: "):] if line.startswith(f"rank {r}: ") else None
+             for r, line in zip((r for r, e in enumerate(errors) if e is not None), lines)}
+    if len(errors) > 1 and all(e is not None for e in errors) and len(alike) == 1 and None not in alike:
+        return CommunicatorError(f"the job failed {doing}: every rank: {alike.pop()}")
     return CommunicatorError(f"the job failed {doing}: " + "; ".join(lines))
 
 

@@ -1098,3 +1098,41 @@ def test_a_run_the_program_or_the_limits_cannot_take_is_refused_before_any_call(
         assert [c._calls for c in job.comms] == [0] * 3
         monkeypatch.delenv("HCCC_MAX_RUN_BYTES")
         assert job.run(30).ok
+
+
+@needs_gxx
+def test_a_backend_that_cannot_run_the_ranks_is_refused_once():
+    """A backend named for one manifest platform, given ranks of the other, is refused before any
+    rank is made, naming those ranks (as the runner refuses it); a failure every rank meets alike
+    is said once, for every rank, not once per rank."""
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=64)
+    with pytest.raises(PlatformError, match=r"ranks 1-2 are HIP ranks and the cuda backend runs CUDA programs only"):
+        LocalJob(ir, timeout_s=30, backend="cuda", platforms=["cuda", "hip", "hip", "cuda"])
+    with pytest.raises(CommunicatorError) as err:
+        LocalJob(ir, timeout_s=30, backend="tpu")
+    text = str(err.value)
+    assert text.startswith("the job failed setting up: every rank: ") and "unknown backend 'tpu'" in text, text
+    assert text.count("unknown backend") == 1, text
+
+
+def test_every_built_in_backend_is_known_also_after_one_of_them_was_imported():
+    """The registry of platforms imports every built-in implementation once, also where one of
+    them was imported before (it had registered only itself, so that the others were called
+    unknown) and where threads ask at once (the others saw a half-filled registry): a backend
+    missing here says it is not available, never that it is unknown."""
+    import subprocess
+    import sys
+    code = ("import threading, hccc.runtime.cpu\n"
+            "from hccc.runtime.platform import get_platform, PlatformError\n"
+            "out = []\n"
+            "def ask():\n"
+            "    try: get_platform('cuda')\n"
+            "    except PlatformError as e: out.append(str(e))\n"
+            "    else: out.append('ok')\n"
+            "ts = [threading.Thread(target=ask) for _ in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\n"
+            "print(sum('unknown backend' in o for o in out), len(set(out)))\n")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert got.stdout.split() == ["0", "1"], (got.stdout, got.stderr)
