@@ -234,6 +234,11 @@ class LocalJob:
         self.grow_fifos = all(c._owned.private for c in self.comms)
         for c in self.comms:
             c.grows = self.grow_fifos
+        try:
+            self._enable_peer_access()
+        except BaseException:
+            self.close()
+            raise
         #: why the ranks run fewer threads per block than emitted (or None: as emitted), the
         #: first rank's that says so
         self.threads_note = next((c.threads_note for c in self.comms if c.threads_note), None)
@@ -249,6 +254,20 @@ class LocalJob:
             except BaseException:
                 self.close()
                 raise
+
+    def _enable_peer_access(self) -> None:
+        """GPU ranks of this process reach each other's memory by pointer (their FIFOs live in the
+        receiver's memory): where the ranks of one platform kind sit on several devices, every
+        one of those devices may write the others' (:meth:`Platform.enable_peer_access`, as the
+        single-process runner enables it; PlatformError naming the pair that cannot), before any
+        call. Nothing to do on the CPU emulation or on one device."""
+        kinds: dict[str, list] = {}
+        for c in self.comms:
+            kinds.setdefault(c._pf.name, []).append(c)
+        for cs in kinds.values():
+            devices = sorted({int(c.device) for c in cs})
+            if len(devices) > 1:
+                cs[0]._pf.enable_peer_access(devices)
 
     def _together_on(self) -> list[list]:
         """The ranks (with blocks to launch) that share a device of one Platform object: their

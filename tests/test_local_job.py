@@ -1136,3 +1136,41 @@ def test_every_built_in_backend_is_known_also_after_one_of_them_was_imported():
             "print(sum('unknown backend' in o for o in out), len(set(out)))\n")
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert got.stdout.split() == ["0", "1"], (got.stdout, got.stderr)
+
+
+@needs_gxx
+def test_ranks_on_several_devices_of_one_process_may_write_each_others_memory():
+    """Ranks of one process on several devices reach each other's FIFOs by pointer: the job turns
+    on peer access among those devices once, before any call, as the single-process runner does
+    (a stand-in platform of two devices on the CPU emulation, its requests recorded), and its runs
+    are the collective's definition; a job on one device asks for none."""
+    from hccc.runtime.cpu import CpuPlatform
+    from hccc.runtime.local_job import LocalJob
+
+    class TwoDevices(CpuPlatform):
+        def device_count(self) -> int:
+            return 2
+
+        def set_device(self, index: int) -> None:
+            assert index in (0, 1)
+
+        def enable_peer_access(self, devices) -> None:
+            self.asked.append(list(devices))
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=64)
+    pf = TwoDevices()
+    pf.asked = []
+    try:
+        with LocalJob(ir, timeout_s=30, backend=pf) as job:
+            assert [c.device for c in job.comms] == [0, 1, 0, 1]
+            assert pf.asked == [[0, 1]]
+            assert job.run(40).ok
+            assert pf.asked == [[0, 1]]
+    finally:
+        pf.close()
+    one = TwoDevices()
+    one.asked, one.device_count = [], lambda: 1
+    try:
+        with LocalJob(ir, timeout_s=30, backend=one) as job:
+            assert [c.device for c in job.comms] == [0] * 4 and one.asked == []
+    finally:
+        one.close()
