@@ -48,7 +48,7 @@ from hccc.runtime.memory_limits import check_fifo_memory, check_run_memory
 from hccc.runtime.kernel_abi import Args, grid_first
 from hccc.runtime.kernel_watch import default_watchdog_s
 from hccc.compiler.backend.abi import NSLOTS
-from hccc.runtime.kernel_errors import IGNORES_ABORT
+from hccc.runtime.kernel_errors import IGNORES_ABORT, describe_stuck
 from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, call_count, check_placement,
                                    program_layout, run_inputs)
 from hccc.runtime.platform import Instance, PlatformError
@@ -395,6 +395,21 @@ class LocalJob:
             c.watch = lambda: "interrupted (Ctrl-C)"
             c.flags.raise_abort()
 
+    def _why_stuck(self, exc: CommunicatorError) -> str:
+        """A failed run's ``stuck``: where the ranks' own kernels stuck, each rank's error record
+        once (:func:`~hccc.runtime.kernel_errors.describe_stuck`, as the single-process runner
+        says it), in rank order; where no kernel recorded one (a watchdog, a refused call), the
+        job's error."""
+        said = []
+        for c in self.comms:
+            try:
+                rec = c.flags.record()
+            except Exception:         # (a rank whose memory is gone says nothing more)
+                continue
+            if rec.valid:
+                said.append(describe_stuck(c.ir, rec, c._pf.ticks_per_us))
+        return "; ".join(dict.fromkeys(said)) if said else str(exc)
+
     def recover(self) -> None:
         """After a failed call (:meth:`each`, :meth:`collective`): every rank forgets the failure
         and the job runs again, as the single-process runner runs again after a stuck launch
@@ -421,9 +436,9 @@ class LocalJob:
         :meth:`collective` launches (the mean time of the timed ones when launched together), the
         last compared as the single-process runner compares (:func:`hccc.runtime.oracle.compare`),
         then ``checks - 1`` more calls on the same inputs, each compared (nccl-tests' ``-c N``:
-        ``wrong`` sums them): a :class:`RunResult` whose ``stuck`` is the job's error (every
-        rank's; the job then runs again, :meth:`recover`, as the runner stays usable after a stuck
-        launch) and whose ``outputs`` are every rank's (of the first compared call; None without
+        ``wrong`` sums them): a :class:`RunResult` whose ``stuck`` says why a call failed (where
+        each rank's kernel stuck, :meth:`_why_stuck`, else the job's error; the job then runs
+        again, :meth:`recover`, as the runner stays usable after a stuck launch) and whose ``outputs`` are every rank's (of the first compared call; None without
         ``keep_outputs``). ``proto`` (``"simple"``, ``"ll"``, ``"auto"``; None: the ranks' own)
         and ``slice_bytes`` (``"auto"`` or a fixed micro-batch slice, a positive multiple of 16 of
         at most the slot) hold for these calls only, on every rank alike; ValueError for either
@@ -474,7 +489,7 @@ class LocalJob:
                 for _ in range(checks - 1):
                     verdicts.append(oracle.compare(self.ir, dtype, op, call(), inputs, inplace))
         except CommunicatorError as exc:
-            outs, stuck = None, str(exc)
+            outs, stuck = None, self._why_stuck(exc)
             self.recover()
         finally:
             self._restore_call_options(kept)
@@ -636,7 +651,8 @@ class LocalJob:
         the ``iters`` timed calls), else not timed (nan). ``proto``, ``slice_bytes`` and
         ``timeout_s`` hold for these calls only, as for :meth:`run`.
         ValueError (CountsError naming the entry) before any call for counts the buffers cannot
-        take; a failed call is the result's ``stuck`` and the job runs again (:meth:`recover`). The
+        take; a failed call is the result's ``stuck`` (:meth:`_why_stuck`) and the job runs again
+        (:meth:`recover`). The
         FIFOs first grow to what the call needs, as for :meth:`run`: its launch count
         (:func:`~hccc.runtime.alltoallv.launch_count`, the ranks' own)."""
         ir, N = self.ir, self.nranks
@@ -678,7 +694,7 @@ class LocalJob:
                 if together and it >= warmup:
                     times.append(self.last_time_us)
         except CommunicatorError as exc:
-            outs, stuck = None, str(exc)
+            outs, stuck = None, self._why_stuck(exc)
             self.recover()
         finally:
             self._restore_call_options(kept)
