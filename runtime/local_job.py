@@ -51,7 +51,8 @@ from hccc.compiler.backend.abi import NSLOTS
 from hccc.runtime.kernel_errors import IGNORES_ABORT, describe_stuck
 from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, call_count, check_placement,
                                    program_layout, run_inputs)
-from hccc.runtime.platform import Instance, PlatformError
+from hccc.runtime.platform import Instance, Platform, PlatformError
+from hccc.runtime.rank_residency import check_grid_residency, check_rank_residency
 from hccc.runtime.rank_kernels import check_resident_together, fit_block_threads
 from hccc.runtime.process_rank import _PLAN_CACHE_MAX
 from hccc.runtime.rank_platforms import check_backend, rank_platforms, ranks_by_platform, resolve_platforms
@@ -210,6 +211,8 @@ class LocalJob:
         self._made_platforms: list = []
         try:
             per_rank = self._rank_backends(backend, platforms, communicator_options.get("cache_dir"))
+            self._check_residency_waits(per_rank, platforms or rank_platforms(self.nranks, backend, None),
+                                        communicator_options.get("cache_dir"))
         except BaseException:
             self.close()
             raise
@@ -254,6 +257,21 @@ class LocalJob:
             except BaseException:
                 self.close()
                 raise
+
+    def _check_residency_waits(self, per_rank: list, flavours: list[str], cache_dir) -> None:
+        """Where a platform keeps only some blocks of a launch resident at once (the CPU
+        emulation's partial-residency mode, :meth:`Platform.launch_residency`), the ranks it runs
+        must have no wait that a block not yet resident could leave unmet: refused once, for all
+        of them, before any rank is made (:func:`~hccc.runtime.rank_residency.check_rank_residency`,
+        as the single-process runner refuses them; PlatformError naming the waits)."""
+        groups: dict = {}
+        for r, b in enumerate(per_rank):
+            pf = (self._programs.platform(flavours[r], cache_dir) if isinstance(b, str) and b == "cpu"
+                  else b if isinstance(b, Platform) else None)
+            if pf is not None:
+                groups.setdefault(id(pf), (pf, []))[1].append(r)
+        for pf, ranks in groups.values():
+            check_rank_residency(self.ir, pf.launch_residency(), ranks)
 
     def _enable_peer_access(self) -> None:
         """GPU ranks of this process reach each other's memory by pointer (their FIFOs live in the
@@ -1025,9 +1043,13 @@ class GridEntry:
         # every rank in one launch on one device: memory ordered at device scope, as the
         # single-process runner builds its one grid (system scope cost ten times the kernel time
         # of hm_allreduce_4x8 at 1 MiB on the CPU emulation: 2.6 s against 0.21 s)
+        self.blocks = sum(c.grid for c in comms)
+        try:
+            check_grid_residency(first.ir.name, self.blocks, self.pf.launch_residency())
+        except PlatformError as exc:
+            raise CommunicatorError(str(exc)) from None
         lib = self.pf.build(prog.gendir, prog.manifest, inst, ranks=list(range(len(comms))), single_gpu=True)
         self.fn = self.pf.load(lib).function(sym)
-        self.blocks = sum(c.grid for c in comms)
         self._check_fit(self.block)
 
     @property

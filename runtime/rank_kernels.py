@@ -15,7 +15,7 @@ from hccc.compiler.passes.kernel_cost import least_block_threads
 from hccc.runtime.generated import GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.platform import Instance, Platform, PlatformError
-from hccc.runtime.rank_residency import check_rank_residency, launch_residency
+from hccc.runtime.rank_residency import check_grid_residency, check_rank_residency, launch_residency
 from hccc.util.plural import plural
 
 
@@ -184,11 +184,8 @@ class RankKernels:
         one-grid launch, cooperative, must fit whole, and per-rank launches must have no wait that
         a block not yet resident could leave unmet (:mod:`hccc.runtime.rank_residency`)."""
         k = launch_residency(self.distinct)
-        if k is not None and self.grid_fn is not None and sum(self.grid) > k:
-            raise PlatformError(
-                f"cannot run {self.ir.name} as one grid: the launch is cooperative (its "
-                f"{sum(self.grid)} blocks wait on each other) but at most {k} blocks of a launch are "
-                "resident at once; launch each rank on its own (--launch per-rank)")
+        if self.grid_fn is not None:
+            check_grid_residency(self.ir.name, sum(self.grid), k)
         if self.grid_fn is None:
             check_rank_residency(self.ir, k)
 

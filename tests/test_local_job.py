@@ -1179,3 +1179,36 @@ def test_ranks_on_several_devices_of_one_process_may_write_each_others_memory():
             assert [c.device for c in job.comms] == [0] * 4 and one.asked == []
     finally:
         one.close()
+
+
+@needs_gxx
+def test_a_job_on_a_platform_of_partial_residency_refuses_waits_once_and_a_grid_that_cannot_fit():
+    """The CPU emulation keeping one block of a launch resident at a time: a program whose blocks
+    wait on each other is refused before any rank is made, once, naming a wait (as the runner
+    refuses it), and with every block resident it runs; a one-grid launch of more blocks than
+    stay resident is refused as cooperative, and the job then launches each rank's own."""
+    from codegen_irs import ring_allgather, ring_allreduce
+    from hccc.runtime.cpu import CpuPlatform
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
+    ir = ring_allgather(3)           # TB 0 waits on TB 1's receives and TB 2's copy
+    ir.chunk_bytes = 32
+    one, two, three = (CpuPlatform(workers=2, resident_blocks=k) for k in (1, 2, 3))
+    try:
+        with pytest.raises(PlatformError) as err:
+            LocalJob(ir, timeout_s=30, backend=one, nthreads=1)
+        msg = str(err.value)
+        assert msg.startswith("cannot run ring_ag with at most 1 block of a rank resident at once: "), msg
+        assert msg.count("cannot run") == 1 and "HCCC_CPU_RESIDENT_BLOCKS" in msg
+        with LocalJob(ir, timeout_s=30, backend=three, nthreads=1) as job:
+            assert job.run(300).ok
+        ar = ring_allreduce(4)
+        ar.chunk_bytes = 64
+        with LocalJob(ar, timeout_s=30, backend=two, nthreads=1) as job:
+            with pytest.raises(CommunicatorError, match="as one grid: the launch is cooperative"):
+                job.collective([np.ones(8, np.float32)] * 4, 8, together=True, one_grid=True)
+            assert not job.grid_usable("float32", "sum")
+            assert job.run(40, one_grid=None).ok
+    finally:
+        for pf in (one, two, three):
+            pf.close()
