@@ -1212,3 +1212,31 @@ def test_a_job_on_a_platform_of_partial_residency_refuses_waits_once_and_a_grid_
     finally:
         for pf in (one, two, three):
             pf.close()
+
+
+@needs_gxx
+def test_fifos_that_could_not_grow_fail_the_call_at_once_and_the_job_says_why_after():
+    """A reallocation of the FIFOs that fails half-way on one rank (out of memory): every rank's
+    call fails at once with that reason (not after the peers' timeout), and every later call is
+    refused saying why the job cannot run again (not run on FIFOs half gone), as the runner says
+    it; closing the job frees what it holds."""
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=1 << 16)
+    with LocalJob(ir, timeout_s=30, fifo_capacity=64) as job:
+        assert job.run(48).ok
+
+        def out_of_memory(*_a, **_k):
+            raise PlatformError("out of memory allocating 1 bytes")
+        job.comms[1]._owned.exported = out_of_memory
+        t0 = time.monotonic()
+        with pytest.raises(CommunicatorError) as err:
+            job.run(1 << 15)
+        assert time.monotonic() - t0 < 10, "the peers waited for the failed rank"
+        text = str(err.value)
+        for r in range(3):
+            assert f"rank {r}: reallocating its FIFOs for slots of " in text, text
+        assert "out of memory allocating 1 bytes" in text
+        with pytest.raises(CommunicatorError, match="cannot run again: reallocating its FIFOs for slots of .* "
+                                                    "failed: .*out of memory"):
+            job.run(48)
