@@ -26,7 +26,7 @@ import numpy as np
 from hccc.util.diagnostics import (CompileError, Diagnostic, Location, SourceFile, printable,
                                    read_input_bytes)
 
-__all__ = ["CountsError", "as_counts", "packed_displs", "check_call", "scratch_slot", "equal_count",
+__all__ = ["CountsError", "as_counts", "packed_displs", "check_call", "scratch_slot", "equal_count", "launch_count",
            "expected", "device_displs", "exact_sum", "read_counts_file", "MAX_ELEMENTS", "MAX_FILE_RANKS",
            "MAX_FILE_COUNT"]
 
@@ -179,6 +179,16 @@ def equal_count(counts: np.ndarray, k: int) -> int:
     the model picks for its size; smaller blocks ride in the same units)."""
     c = np.asarray(counts)
     return scratch_slot(c, k) * int(k) * len(c)     # (Python integers: no wrap)
+
+
+def launch_count(slot: int, k: int, nranks: int) -> int:
+    """The element count an AllToAllv call is launched, planned and its FIFOs sized as (both
+    launchers alike): the equal-size AllToAll whose every piece is a scratch slot of ``slot``
+    elements (:func:`scratch_slot`; at least one, so that a call whose counts are all zero, or
+    are known only on the device, still has a slice, a protocol and a slot to launch with), ``k``
+    pieces a block, ``nranks`` blocks. A program's AllToAll buffer is ``k * nranks`` chunks, so
+    its largest chunk at that count is exactly the largest piece."""
+    return max(int(slot), 1) * int(k) * int(nranks)
 
 
 def expected(sends: list[np.ndarray], recvs_before: list[np.ndarray], counts: np.ndarray, sd, rd) -> list[np.ndarray]:

@@ -231,7 +231,7 @@ class RankAllToAllv:
                           self.staging.put("displs", hc.displs) if hc.given else 0, map_p, hc.slot, hc.digest)
         if self.platform.name != "cpu":
             sync_caller(x)
-        self._run(method, max(vcall.slot, 1) * vm.k * self.nranks, bx.dtype, "sum", bx.ptr, bo.ptr, vcall)
+        self._run(method, av.launch_count(vcall.slot, vm.k, self.nranks), bx.dtype, "sum", bx.ptr, bo.ptr, vcall)
 
     def _only_mine(self, n: int) -> list:
         return [n if r == self.rank else None for r in range(self.nranks)]

@@ -282,19 +282,29 @@ class Communicator(ProcessRank):
         plans = list(self._prog.plans_with_capacity(capacity, self.ir.max_step_chunks))
         check_fifo_memory(self.ir.name, plans, [self.rank])
         own, old = self._owned, self._mem
-        for ptr in old.allocations:
-            own.free(ptr)
-        self._mem = mem = RankMemory(plans[self.rank], self._pf, own.exported, own.local,
-                                     lambda n: own.local(n, peer=True))
-        if self.codegen == "table":
-            mem.load_table(self._prog.tables([self.rank])[self.rank])
-        self._refits += 1
-        bases = self._exchange_values((mem.ctrl, mem.slots), f"fifos {self._refits}")
-        mem.connect(plans, lambda peer: bases[peer], self._gpus)
-        self._plans, self.chunk_bytes, self.slot_bytes = plans, capacity, plans[self.rank].slot_bytes
-        self._call_plans.clear()
-        self.ll_epochs.dirty = True
-        self._exchange_values(0, f"fifos {self._refits} connected")
+        try:
+            for ptr in old.allocations:
+                own.free(ptr)
+            self._mem = mem = RankMemory(plans[self.rank], self._pf, own.exported, own.local,
+                                         lambda n: own.local(n, peer=True))
+            if self.codegen == "table":
+                mem.load_table(self._prog.tables([self.rank])[self.rank])
+            self._refits += 1
+            bases = self._exchange_values((mem.ctrl, mem.slots), f"fifos {self._refits}")
+            mem.connect(plans, lambda peer: bases[peer], self._gpus)
+            self._plans, self.chunk_bytes, self.slot_bytes = plans, capacity, plans[self.rank].slot_bytes
+            self._call_plans.clear()
+            self.ll_epochs.dirty = True
+            self._exchange_values(0, f"fifos {self._refits} connected")
+        except BaseException as exc:
+            # half-way: the old FIFOs are gone and the new ones are not every rank's. The peers,
+            # which may wait for this rank's blocks, end at once with the reason, and no rank
+            # runs again (:meth:`_rejoin` refuses)
+            why = str(exc)
+            why = why[len(f"rank {self.rank}: "):] if why.startswith(f"rank {self.rank}: ") else why
+            self._no_fifos = f"reallocating its FIFOs for slots of {capacity} bytes failed: {why}"
+            self._boot.fail(self._no_fifos)
+            raise self._fail(self._no_fifos, abort_peers=False) from None
 
     def _check_nodes(self, peers: list[dict], my_node: str) -> None:
         """Ranks that say they share a node run on one host, on one platform kind."""

@@ -17,6 +17,21 @@ from hccc.runtime.rank_memory import synchronize_in_background
 #: primitive's copy of at most one slot
 ABORT_GRACE_S = 5.0
 
+#: the least host-side limit on one launch of every rank (the watchdog's floor, seconds)
+WATCHDOG_FLOOR_S = 30.0
+#: bytes per second the slowest launch is assumed to move at least, over the ranks' buffers
+#: (4 bytes of traffic per byte of each rank's buffer): the CPU emulation of a large program on a
+#: loaded 2-core host, far below any GPU's, so that the watchdog only fires on kernels that hang
+WATCHDOG_BYTES_PER_S = 20e6
+
+
+def default_watchdog_s(kernel_timeout_s: float, nbytes: int, nranks: int) -> float:
+    """The host-side limit on one launch of ``nranks`` ranks at ``nbytes`` of full buffer when the
+    caller gives none: at least :data:`WATCHDOG_FLOOR_S` and three times the kernels' own
+    spin-wait limit, plus the time the traffic takes at :data:`WATCHDOG_BYTES_PER_S`."""
+    total = int(nbytes) * max(int(nranks), 1) * 4
+    return max(WATCHDOG_FLOOR_S, 3.0 * float(kernel_timeout_s)) + total / WATCHDOG_BYTES_PER_S
+
 
 @dataclass
 class Watched:

@@ -259,19 +259,8 @@ class Runner(RankGroup):
         return oracle.compare(self.ir, self.dtype, self.op, outs, inputs, inplace)
 
     def _count_of(self, nbytes, count, es: int) -> int:
-        """The call's element count from exactly one of ``nbytes`` and ``count`` (AllToAll: a whole
-        number of equal blocks)."""
-        if (nbytes is None) == (count is None):
-            raise ValueError("give exactly one of nbytes and count")
-        if count is None:
-            if nbytes < 0 or nbytes % es:
-                raise ValueError(f"{nbytes} bytes is not a whole number of {self.dtype} elements "
-                                 f"({es} bytes each)")
-            count = nbytes // es
-        count = int(count)
-        if count < 0:
-            raise ValueError("count must be non-negative")
-        return reference.alltoall_count(count, count_unit(self.ir))
+        """The call's element count (:func:`call_count`)."""
+        return call_count(self.ir, self.dtype, nbytes, count)
 
     def _check_placement(self, inplace: bool, lay) -> None:
         """ValueError for a placement the program is not proven for or its buffers cannot take."""
@@ -321,8 +310,8 @@ class Runner(RankGroup):
             vm, tables = self.vblocks(inplace)
             hc = HostCounts.check(c, N, vm.k, send_lens, recv_lens, sdispls, rdispls, inplace, pass_displs)
             es = ELEMENT_BYTES[self.dtype]
-            call = LaunchCall.plan(ir, hc.equal, es, self.chunk_bytes, proto=proto, slice_bytes=slice_bytes,
-                                   largest_chunk=hc.slot)
+            call = LaunchCall.plan(ir, av.launch_count(hc.slot, vm.k, N), es, self.chunk_bytes, proto=proto,
+                                   slice_bytes=slice_bytes)
             call.check(ir)
             scr_n = ir.scratch_chunks * hc.slot
             # before any buffer of the call exists, on the host (inputs, oracle) or the device
@@ -392,6 +381,24 @@ def alltoallv_buffers(dtype: str, inputs, send_lens, recv_lens, inplace: bool,
     return inputs, before
 
 
+def call_count(ir: ProgramIR, dtype: str, nbytes: int | None, count: int | None) -> int:
+    """A call's element count from exactly one of ``nbytes`` (a whole number of ``dtype``
+    elements) and ``count`` (ValueError otherwise); an AllToAll's rounded to a whole number of
+    equal blocks (:func:`hccc.runtime.reference.alltoall_count`)."""
+    if (nbytes is None) == (count is None):
+        raise ValueError("give exactly one of nbytes and count")
+    if count is None:
+        es = ELEMENT_BYTES[dtype]
+        if nbytes < 0 or nbytes % es:
+            raise ValueError(f"{nbytes} bytes is not a whole number of {dtype} elements "
+                             f"({es} bytes each)")
+        count = nbytes // es
+    count = int(count)
+    if count < 0:
+        raise ValueError("count must be non-negative")
+    return reference.alltoall_count(count, count_unit(ir))
+
+
 def check_placement(ir: ProgramIR, inplace: bool, lay) -> None:
     """ValueError for a placement ``ir`` is not proven for or its buffers (``lay``: the layout rows
     of :func:`program_layout`) cannot take."""
@@ -417,6 +424,6 @@ def run_program(ir: ProgramIR, *, backend: str | Platform = "cpu", nbytes: int, 
         return runner.run(nbytes, inplace=inplace, iters=iters, warmup=warmup, seed=seed)
 
 
-__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "program_layout", "check_placement", "run_inputs", "alltoallv_buffers", "run_program",
+__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "program_layout", "check_placement", "call_count", "run_inputs", "alltoallv_buffers", "run_program",
            "busbw_factor", "generated_sources", "CODEGENS",
            "describe_stuck", "DTYPES", "OPS", "ELEMENT_BYTES"]

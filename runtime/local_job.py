@@ -35,24 +35,27 @@ import weakref
 import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS
-from hccc.compiler.ir.extents import count_unit
-from hccc.runtime import alltoallv as av, oracle, reference, shm
+from hccc.runtime import alltoallv as av, oracle, shm
 from hccc.runtime.alltoallv_call import buffer_lengths
 from hccc.runtime.bootstrap import local_bootstraps
 from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
-from hccc.runtime.direct_peers import peers_blob, peers_usable
+from hccc.runtime.direct_peers import direct_receive_count, peers_blob, peers_usable
 from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
-from hccc.runtime.memory_limits import check_fifo_memory
-from hccc.runtime.kernel_abi import Args
-from hccc.runtime.kernel_errors import IGNORES_ABORT
-from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, check_placement, program_layout,
-                                   run_inputs)
-from hccc.runtime.platform import Instance
+from hccc.runtime.memory_limits import check_fifo_memory, check_run_memory
+from hccc.runtime.kernel_abi import Args, grid_first
+from hccc.runtime.kernel_watch import default_watchdog_s
+from hccc.compiler.backend.abi import NSLOTS
+from hccc.runtime.kernel_errors import IGNORES_ABORT, describe_stuck
+from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, call_count, check_placement,
+                                   program_layout, run_inputs)
+from hccc.runtime.platform import Instance, Platform, PlatformError
+from hccc.runtime.rank_residency import check_grid_residency, check_rank_residency
+from hccc.runtime.rank_kernels import check_resident_together, fit_block_threads
 from hccc.runtime.process_rank import _PLAN_CACHE_MAX
-from hccc.runtime.rank_platforms import rank_platforms
+from hccc.runtime.rank_platforms import check_backend, rank_platforms, ranks_by_platform, resolve_platforms
 from hccc.runtime.rank_memory import BackgroundSync, LaunchCall, grid_argument
 
 
@@ -93,11 +96,17 @@ class ThreadRank(Communicator):
         shared = self._programs.platform(self.rank_platform[self.rank], cache_dir)
         return super()._platform(shared, device, cache_dir)
 
+    #: the job grows its ranks' FIFOs with its calls (:attr:`LocalJob.grow_fifos`): a call is
+    #: planned through the compiled slot, as the single-process runner plans it
+    grows = False
+
     def _plan_call(self, count: int, es: int):
         if self._programs is None:
             return super()._plan_call(count, es)
-        key = ("call", count, es, self._proto, self._slice_request, self.chunk_bytes, self._ll_refused())
-        return self._programs.memo(key, lambda: super(ThreadRank, self)._plan_call(count, es))
+        key = ("call", count, es, self._proto, self._slice_request, self.chunk_bytes, self._ll_refused(), self.grows)
+        return self._programs.memo(key, lambda: job_call(
+            self.ir, count, es, self._proto, self._slice_request, self.compiled_chunk_bytes if self.grows else None,
+            self.chunk_bytes, self._ll_refused()))
 
     def _layout(self, count: int) -> list:
         if self._programs is None:
@@ -116,6 +125,15 @@ class ThreadRank(Communicator):
         key = (ident, id(self._prog), inst, tuple(ranks), tuple(sorted(scope.items())))
         return self._programs.module(key, self._prog, lambda: super(ThreadRank, self)._build(inst, ranks, scope))
 
+    #: the launch together this rank's current call takes part in (:class:`GroupLaunch`), or
+    #: None: the rank launches its own kernel
+    group: "GroupLaunch | None" = None
+
+    def _run(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None) -> None:
+        if self.group is None:
+            return super()._run(method, count, dtype, op, in_p, out_p, v)
+        self.group.run(self.rank, method, count, dtype, op, in_p, out_p, v)
+
     def _allocate(self) -> None:
         super()._allocate()
         self._sync = BackgroundSync(f"hccc-rank-{self.rank}-wait")
@@ -124,6 +142,24 @@ class ThreadRank(Communicator):
         mine = self.rank_platform[self.rank]
         ranks = [r for r, p in enumerate(self.rank_platform) if p == mine]
         return ranks, ({"single_gpu": True} if self._pf.name == "cpu" else {})
+
+
+def job_call(ir, count: int, es: int, proto: str, slice_bytes, compiled: int | None, capacity: int,
+             ll_refused: str | None = None) -> LaunchCall:
+    """The :class:`LaunchCall` of a job's call of ``count`` elements of ``es`` bytes. Where the
+    FIFOs grow with the calls (``compiled``: the compiled slot; :attr:`LocalJob.grow_fifos`), it
+    is the single-process runner's recipe: protocol, slice and slot capacity chosen through the
+    compiled slot, whatever the FIFOs hold now, so that a call runs alike whatever calls came
+    before it (an MSCCL import keeps its one micro-batch per chunk); the FIFOs were grown to its
+    :attr:`~LaunchCall.slot_cap` first. A call the FIFOs were not grown for (a rank's own method
+    called directly), and every call where they cannot grow (``compiled`` None), goes through
+    the slots the FIFOs hold now (``capacity``), as a rank of its own process does."""
+    if compiled is not None:
+        call = LaunchCall.plan(ir, count, es, compiled, proto=proto, slice_bytes=slice_bytes, ll_refused=ll_refused)
+        if call.slot_cap <= capacity:
+            return call
+    return LaunchCall.plan(ir, count, es, capacity, proto=proto, slice_bytes=slice_bytes, ll_refused=ll_refused,
+                           fit_slot=False)
 
 
 class LocalJob:
@@ -141,12 +177,21 @@ class LocalJob:
     allocated then."""
 
     def __init__(self, ir, *, timeout_s: float = 60.0, watchdog_s: float | None = None,
-                 platforms: list[str] | None = None, direct: str = "auto", **communicator_options):
+                 platforms: list[str] | None = None, direct: str = "auto", fifo_capacity: int | None = None,
+                 **communicator_options):
         if direct not in DIRECT_MODES:
             raise ValueError(f"unknown direct mode {direct!r} (expected one of {', '.join(DIRECT_MODES)})")
         self.ir, self.nranks = ir, int(ir.nranks)
-        if platforms is not None:      # ValueError naming the rank, before any rank is made
-            platforms = rank_platforms(self.nranks, "cpu", platforms)
+        backend = communicator_options.get("backend", "cpu")
+        if platforms is not None or not isinstance(backend, str):
+            # ValueError naming the rank, before any rank is made; a Platform object's or a dict's
+            # own platform by default, as the single-process runner takes them
+            platforms = rank_platforms(self.nranks, backend, platforms)
+        if fifo_capacity is not None:
+            if communicator_options.get("fifo_bytes") is not None:
+                raise ValueError("give fifo_capacity or fifo_bytes, not both")
+            # FIFOs of at most that capacity at set-up (NSLOTS slots each), grown to it below
+            communicator_options["fifo_bytes"] = NSLOTS * max(1, int(fifo_capacity))
         #: the element type the ranks' kernels are built for at set-up (others on first use)
         self.dtype = str(communicator_options.get("dtype", "float32"))
         #: the time of the last call launched together (:meth:`collective`), in microseconds
@@ -162,20 +207,142 @@ class LocalJob:
         programs = self._programs = SharedPrograms(direct)
         #: the ranks' communicators, in rank order
         self.comms: list[ThreadRank] = []
-        made = _together(self.nranks, lambda r: ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s,
-                                                           programs=programs, platforms=platforms,
-                                                           **communicator_options),
-                         threads=self._threads)
+        #: the platforms this job made for a backend given per manifest platform (closed with it)
+        self._made_platforms: list = []
+        try:
+            per_rank = self._rank_backends(backend, platforms, communicator_options.get("cache_dir"))
+            self._check_residency_waits(per_rank, platforms or rank_platforms(self.nranks, backend, None),
+                                        communicator_options.get("cache_dir"))
+        except BaseException:
+            self.close()
+            raise
+
+        def make(r):
+            options = dict(communicator_options, backend=per_rank[r])
+            return ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s, programs=programs,
+                              platforms=platforms, **options)
+        made = _together(self.nranks, make, threads=self._threads)
         self.comms = [c for c, _ in made if c is not None]
         errors = [e for _, e in made]
         if any(e is not None for e in errors):
             self.close()
             raise _job_error(errors, "setting up")
+        #: the host-side limit on each kernel's run; None: :meth:`run` sets one from the call's
+        #: size (:meth:`default_watchdog`), a rank's own calls take its default
+        self.watchdog_s = watchdog_s
         for c in self.comms:
             c.watchdog_s = watchdog_s
         #: :meth:`run` grows the FIFOs to what each call needs (:meth:`fit_fifos`) where they can
         #: grow: every rank's memory taken by address (the CPU emulation)
         self.grow_fifos = all(c._owned.private for c in self.comms)
+        for c in self.comms:
+            c.grows = self.grow_fifos
+        try:
+            self._enable_peer_access()
+        except BaseException:
+            self.close()
+            raise
+        #: why the ranks run fewer threads per block than emitted (or None: as emitted), the
+        #: first rank's that says so
+        self.threads_note = next((c.threads_note for c in self.comms if c.threads_note), None)
+        try:
+            self._fit_together(communicator_options.get("nthreads") is None, self.dtype,
+                               str(communicator_options.get("op", "sum")))
+        except BaseException:
+            self.close()
+            raise
+        if fifo_capacity is not None and self.grow_fifos:
+            try:
+                self.fit_fifos(fifo_capacity)
+            except BaseException:
+                self.close()
+                raise
+
+    def _check_residency_waits(self, per_rank: list, flavours: list[str], cache_dir) -> None:
+        """Where a platform keeps only some blocks of a launch resident at once (the CPU
+        emulation's partial-residency mode, :meth:`Platform.launch_residency`), the ranks it runs
+        must have no wait that a block not yet resident could leave unmet: refused once, for all
+        of them, before any rank is made (:func:`~hccc.runtime.rank_residency.check_rank_residency`,
+        as the single-process runner refuses them; PlatformError naming the waits)."""
+        groups: dict = {}
+        for r, b in enumerate(per_rank):
+            pf = (self._programs.platform(flavours[r], cache_dir) if isinstance(b, str) and b == "cpu"
+                  else b if isinstance(b, Platform) else None)
+            if pf is not None:
+                groups.setdefault(id(pf), (pf, []))[1].append(r)
+        for pf, ranks in groups.values():
+            check_rank_residency(self.ir, pf.launch_residency(), ranks)
+
+    def _enable_peer_access(self) -> None:
+        """GPU ranks of this process reach each other's memory by pointer (their FIFOs live in the
+        receiver's memory): where the ranks of one platform kind sit on several devices, every
+        one of those devices may write the others' (:meth:`Platform.enable_peer_access`, as the
+        single-process runner enables it; PlatformError naming the pair that cannot), before any
+        call. Nothing to do on the CPU emulation or on one device."""
+        kinds: dict[str, list] = {}
+        for c in self.comms:
+            kinds.setdefault(c._pf.name, []).append(c)
+        for cs in kinds.values():
+            devices = sorted({int(c.device) for c in cs})
+            if len(devices) > 1:
+                cs[0]._pf.enable_peer_access(devices)
+
+    def _together_on(self) -> list[list]:
+        """The ranks (with blocks to launch) that share a device of one Platform object: their
+        kernels run at once there."""
+        groups: dict = {}
+        for c in self.comms:
+            if c.grid > 0:
+                groups.setdefault((id(c._pf), c.device), []).append(c)
+        return list(groups.values())
+
+    def _fit_together(self, auto: bool, dtype: str, op: str, block: int | None = None) -> None:
+        """Every block of the ranks on one device of one platform resident at once, as the
+        single-process runner requires of its ranks (each rank's set-up checked its own only):
+        with ``auto`` threads (no ``nthreads`` given) the ranks there go down to the most threads
+        per block for which they all fit (:func:`~hccc.runtime.rank_kernels.fit_block_threads`,
+        :attr:`threads_note` says so); else, or when nothing fits, PlatformError naming what the
+        ranks need (:func:`~hccc.runtime.rank_kernels.check_resident_together`). ``block``: the
+        threads per block of a run that gives them, checked only."""
+        op = op if SPECS[self.ir.collective].reduces else "sum"
+        for cs in self._together_on():
+            pf, need = cs[0]._pf, sum(c.grid for c in cs)
+            fns = [c._kernel(dtype, op) for c in cs]
+
+            def cap(b: int) -> int:
+                return min(pf.max_resident_blocks(fn, b) for fn in fns)
+            b = max(c.block for c in cs) if block is None else int(block)
+            if auto and block is None and need > cap(b):
+                flavour = cs[0].rank_platform[cs[0].rank]
+                least = pf.least_block_threads(flavour)
+                fit, note = fit_block_threads(b, flavour, lambda t: need <= cap(t), least=least)
+                if note is not None:
+                    for c in cs:
+                        c.block = fit
+                    b, self.threads_note = fit, note
+                else:          # nothing fits: refused at the fewest threads tried
+                    while b // 2 >= least:
+                        b //= 2
+            check_resident_together(self.ir.name, pf, cs[0].device, len(cs), need, b, cap(b))
+
+    def _rank_backends(self, backend, platforms, cache_dir) -> list:
+        """What each rank's communicator runs on: the backend as given, or for a dict from
+        manifest platform to a name or a Platform object (the single-process runner's form) the
+        rank's platform's entry, each name made once for the job (``"cpu"``: the job's shared
+        CPU emulation of those sources) and every pair of platforms checked to share memory
+        (:func:`~hccc.runtime.rank_platforms.resolve_platforms`: a sender writes the receiver's
+        FIFOs), PlatformError otherwise, before any rank is made."""
+        if not isinstance(backend, dict):
+            # a backend that cannot run some ranks' sources: refused once, naming them, before any rank
+            check_backend(self.ir, backend, ranks_by_platform(platforms or rank_platforms(self.nranks, backend, None)))
+            return [backend] * self.nranks
+        groups = ranks_by_platform(platforms)
+        spec = {p: v for p, v in backend.items()}
+        for p, v in spec.items():
+            if isinstance(v, str) and v == "cpu" and p in groups:
+                spec[p] = self._programs.platform(p, cache_dir)
+        pfs = resolve_platforms(self.ir, spec, groups, self._made_platforms)
+        return [pfs[p] for p in platforms]
 
     def each(self, step) -> list:
         """``step(rank, communicator)`` on every rank at once, one thread each; the results in rank
@@ -214,32 +381,29 @@ class LocalJob:
         as_kernel = _bfloat16_tensor if bfloat16 else (lambda a: a)
         dtype = ("bfloat16" if bfloat16 else
                  call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype)
-        grid = self._grid_entry(dtype, op) if one_grid else None
-        group = GroupLaunch(self.comms, direct, grid) if together else None
-
         # outputs start as garbage (a NaN, the most negative integer), so an element never written shows up
         garbage = oracle.GARBAGE[dtype]
 
         def step(r, comm):
             x, out = _call_buffers(np.asarray(inputs[r]), rows[r], garbage, inplace)
-            if group is None:
-                getattr(comm, method)(as_kernel(x), out=as_kernel(out), **kwargs)
-                return np.array(out, copy=True)
-            try:
-                group.call(r, method, as_kernel(x), as_kernel(out), op)
-            except BaseException:
-                group.gate.abort()          # the peers stop waiting for this rank's launch
-                raise
+            getattr(comm, method)(as_kernel(x), out=as_kernel(out), **kwargs)
             return np.array(out, copy=True)
+        return self._each_call(step, together, direct, self._grid_entry(dtype, op) if one_grid else None)
+
+    def _each_call(self, step, together: bool, direct: bool = False, grid: "GridEntry | None" = None) -> list:
+        """:meth:`each` of ``step(rank, communicator)``, one call of every rank; ``together``: their
+        kernels launched by one thread (:class:`GroupLaunch`, with ``direct`` mode's peers array,
+        as the ``grid`` launch), the call's time in :attr:`last_time_us`."""
+        if not together:
+            return self.each(step)
+        group = GroupLaunch(self.comms, direct, grid)
         try:
-            got = self.each(step)
-            if group is not None:
-                #: the last call launched together: microseconds from its launch to its last kernel's end
-                self.last_time_us = group.time_us()
+            got = self.each(lambda r, comm: group.call(r, lambda: step(r, comm)))
+            #: the last call launched together: microseconds from its launch to its last kernel's end
+            self.last_time_us = group.time_us()
             return got
         finally:
-            if group is not None:
-                group.free()
+            group.free()
 
     def _interrupt(self) -> None:
         """Ctrl-C during a call: every rank gives up at once (its host barrier or the wait for its
@@ -248,6 +412,21 @@ class LocalJob:
         for c in self.comms:
             c.watch = lambda: "interrupted (Ctrl-C)"
             c.flags.raise_abort()
+
+    def _why_stuck(self, exc: CommunicatorError) -> str:
+        """A failed run's ``stuck``: where the ranks' own kernels stuck, each rank's error record
+        once (:func:`~hccc.runtime.kernel_errors.describe_stuck`, as the single-process runner
+        says it), in rank order; where no kernel recorded one (a watchdog, a refused call), the
+        job's error."""
+        said = []
+        for c in self.comms:
+            try:
+                rec = c.flags.record()
+            except Exception:         # (a rank whose memory is gone says nothing more)
+                continue
+            if rec.valid:
+                said.append(describe_stuck(c.ir, rec, c._pf.ticks_per_us))
+        return "; ".join(dict.fromkeys(said)) if said else str(exc)
 
     def recover(self) -> None:
         """After a failed call (:meth:`each`, :meth:`collective`): every rank forgets the failure
@@ -260,7 +439,8 @@ class LocalJob:
             c.watch = None
             c._rejoin(seq, calls)
 
-    def run(self, count: int, *, dtype: str = "float32", op: str = "sum", seed: int = 0,
+    def run(self, count: int | None = None, *, nbytes: int | None = None, dtype: str = "float32",
+            op: str = "sum", seed: int = 0,
             together: bool = True, direct: bool = False, one_grid: bool | None = False, warmup: int = 0,
             iters: int = 1, inplace: bool = False, proto: str | None = None,
             slice_bytes: int | str = "auto", checks: int = 1, keep_outputs: bool = True,
@@ -274,9 +454,9 @@ class LocalJob:
         :meth:`collective` launches (the mean time of the timed ones when launched together), the
         last compared as the single-process runner compares (:func:`hccc.runtime.oracle.compare`),
         then ``checks - 1`` more calls on the same inputs, each compared (nccl-tests' ``-c N``:
-        ``wrong`` sums them): a :class:`RunResult` whose ``stuck`` is the job's error (every
-        rank's; the job then runs again, :meth:`recover`, as the runner stays usable after a stuck
-        launch) and whose ``outputs`` are every rank's (of the first compared call; None without
+        ``wrong`` sums them): a :class:`RunResult` whose ``stuck`` says why a call failed (where
+        each rank's kernel stuck, :meth:`_why_stuck`, else the job's error; the job then runs
+        again, :meth:`recover`, as the runner stays usable after a stuck launch) and whose ``outputs`` are every rank's (of the first compared call; None without
         ``keep_outputs``). ``proto`` (``"simple"``, ``"ll"``, ``"auto"``; None: the ranks' own)
         and ``slice_bytes`` (``"auto"`` or a fixed micro-batch slice, a positive multiple of 16 of
         at most the slot) hold for these calls only, on every rank alike; ValueError for either
@@ -287,38 +467,31 @@ class LocalJob:
         they hold less (:attr:`grow_fifos`, :meth:`fit_fifos`), as the single-process runner's.
         ``check=False``: nothing compared (``collective_wrong`` -1, no oracle, no further checked
         calls), as the runner's ``run(check=False)``. ``one_grid=None``: the one-grid launch where
-        the job can make it (:meth:`grid_usable`), as the runner chooses by default."""
+        the job can make it (:meth:`grid_usable`), as the runner chooses by default. The size is
+        ``count`` elements or ``nbytes`` (exactly one; :func:`~hccc.runtime.launcher.call_count`).
+        Without a job-wide :attr:`watchdog_s`, each kernel's run is limited by the call's size
+        (:meth:`default_watchdog`)."""
         if iters < 1 or warmup < 0 or checks < 1:
             raise ValueError("iters and checks must be >= 1 and warmup >= 0")
         spec = SPECS[self.ir.collective]
         op = op if spec.reduces else "sum"
-        count = reference.alltoall_count(int(count), count_unit(self.ir))
+        count = call_count(self.ir, dtype, nbytes, count)
         c0 = self.comms[0]
         proto = c0.proto if proto is None else proto
         es, memo = ELEMENT_BYTES[dtype], self._programs.memo
-        if self.grow_fifos:
-            # the FIFOs grow with the call, as the single-process runner's: to the slot capacity
-            # the call would be planned with through the compiled slot (fit_fifos; never shrunk)
-            self.fit_fifos(memo(("fit", count, es, proto, slice_bytes), lambda: LaunchCall.plan(
-                self.ir, count, es, c0.compiled_chunk_bytes, proto=proto, slice_bytes=slice_bytes)).slot_cap)
-        # the call's protocol and slice checked before any rank makes it: the plan every rank
-        # then takes (ThreadRank._plan_call's)
-        memo(("call", count, es, proto, slice_bytes, c0.chunk_bytes, c0._ll_refused()),
-             lambda: LaunchCall.plan(self.ir, count, es, c0.chunk_bytes, proto=proto, slice_bytes=slice_bytes,
-                                     ll_refused=c0._ll_refused(), fit_slot=False))
+        self._plan_ahead(count, es, proto, slice_bytes)
         if one_grid is None:
             one_grid = together and self.grid_usable(dtype, op)
         if nthreads is not None:
             self.check_threads(int(nthreads), dtype, op, one_grid)
         rows = memo(("layout", count), lambda: program_layout(self.ir, count))
+        # the call's buffers within the run's memory limit, and the placement, before any rank makes it
+        check_run_memory(self.ir.name, count * es, sum(a + b + c for a, b, c, _, _ in rows) * es)
+        check_placement(self.ir, inplace, rows)
         inputs = run_inputs(self.ir, dtype, op, inputs, rows, count, seed)
         device = [oracle.to_device(x, dtype) for x in inputs]
         outs, stuck, times, verdicts = None, None, [], []
-        kept = [(c.proto, c._slice_request, c.block, c.kernel_timeout_s) for c in self.comms]
-        for c in self.comms:
-            c.proto, c._slice_request = proto, slice_bytes
-            c.block = c.block if nthreads is None else int(nthreads)
-            c.kernel_timeout_s = c.kernel_timeout_s if timeout_s is None else float(timeout_s)
+        kept = self._set_call_options(proto, slice_bytes, nthreads, timeout_s, count * es)
 
         def call():
             outs = self.collective(device, count, op, together=together, direct=direct, one_grid=one_grid,
@@ -334,11 +507,10 @@ class LocalJob:
                 for _ in range(checks - 1):
                     verdicts.append(oracle.compare(self.ir, dtype, op, call(), inputs, inplace))
         except CommunicatorError as exc:
-            outs, stuck = None, str(exc)
+            outs, stuck = None, self._why_stuck(exc)
             self.recover()
         finally:
-            for c, (p, sl, b, t) in zip(self.comms, kept):
-                c.proto, c._slice_request, c.block, c.kernel_timeout_s = p, sl, b, t
+            self._restore_call_options(kept)
         wrong = sum(v[0] for v in verdicts)
         first = next((v[1] for v in verdicts if v[1] is not None), None)
         coll_wrong, used = (verdicts[0][2], verdicts[0][3]) if verdicts else (-1, None)
@@ -350,6 +522,69 @@ class LocalJob:
                          oracle=used, outputs=outs if keep_outputs and stuck is None else None,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
                          checks=len(verdicts))
+
+    def _plan_ahead(self, count: int, es: int, proto: str, slice_bytes) -> None:
+        """Before any rank makes a call of ``count`` elements of ``es`` bytes: the FIFOs grown to
+        the slot capacity it is planned with through the compiled slot (where they grow,
+        :func:`job_call`; :meth:`fit_fifos` never shrinks), as the single-process runner's, and
+        its protocol and slice checked (ValueError), the plan every rank then takes
+        (:meth:`ThreadRank._plan_call`'s)."""
+        c0, memo = self.comms[0], self._programs.memo
+        compiled = c0.compiled_chunk_bytes if self.grow_fifos else None
+        if self.grow_fifos:
+            self.fit_fifos(memo(("fit", count, es, proto, slice_bytes), lambda: LaunchCall.plan(
+                self.ir, count, es, compiled, proto=proto, slice_bytes=slice_bytes)).slot_cap)
+        call = memo(("call", count, es, proto, slice_bytes, c0.chunk_bytes, c0._ll_refused(), self.grow_fifos),
+                    lambda: job_call(self.ir, count, es, proto, slice_bytes, compiled, c0.chunk_bytes,
+                                     c0._ll_refused()))
+        call.check(self.ir)        # (a slice that cuts the chunks of an import: refused by every rank)
+
+    def _set_call_options(self, proto: str, slice_bytes, nthreads, timeout_s, nbytes: int) -> list:
+        """Every rank's protocol, slice, threads per block (None: its own), kernel spin-wait limit
+        (None: its own) and, without a job-wide :attr:`watchdog_s`, watchdog for the calls of one
+        run of ``nbytes``; what they were, for :meth:`_restore_call_options`."""
+        kept = [(c.proto, c._slice_request, c.block, c.kernel_timeout_s, c.watchdog_s) for c in self.comms]
+        for c in self.comms:
+            c.proto, c._slice_request = proto, slice_bytes
+            c.block = c.block if nthreads is None else int(nthreads)
+            c.kernel_timeout_s = c.kernel_timeout_s if timeout_s is None else float(timeout_s)
+            if self.watchdog_s is None:
+                c.watchdog_s = default_watchdog_s(c.kernel_timeout_s, nbytes, self.nranks)
+        return kept
+
+    def _restore_call_options(self, kept: list) -> None:
+        for c, (p, sl, b, t, w) in zip(self.comms, kept):
+            c.proto, c._slice_request, c.block, c.kernel_timeout_s, c.watchdog_s = p, sl, b, t, w
+
+    def default_watchdog(self, nbytes: int) -> float:
+        """The host-side limit on each kernel's run of a call of ``nbytes`` (full buffer) when the
+        job has no :attr:`watchdog_s` (:func:`~hccc.runtime.kernel_watch.default_watchdog_s`)."""
+        return default_watchdog_s(self.comms[0].kernel_timeout_s, nbytes, self.nranks)
+
+    def layout(self, count: int) -> list:
+        """Per rank: (input length, output length, scratch length, input offset in output or -1,
+        output offset in input or -1) in elements at ``count``
+        (:func:`~hccc.runtime.launcher.program_layout`)."""
+        return self._programs.memo(("layout", int(count)), lambda: program_layout(self.ir, int(count)))
+
+    def vblocks(self, inplace: bool = False):
+        """The program's block-piece map and per-rank tables for AllToAllv
+        (:func:`hccc.runtime.alltoallv_call.block_tables`), computed once per placement (the
+        ranks' own); VBlockError when the program cannot run with per-pair counts."""
+        return self.comms[0]._vcalls.tables(bool(inplace))
+
+    def direct_receives(self) -> int:
+        """Receives of the program its kernels run in direct mode when a launch has a peers array
+        (:func:`~hccc.runtime.direct_peers.direct_receive_count`)."""
+        c0 = self.comms[0]
+        return self._programs.memo(("direct receives",), lambda: direct_receive_count(
+            self.ir, c0.rank_platform, self._programs.direct))
+
+    def stop_kernels(self) -> None:
+        """Stop every rank's kernel now (its abort flag raised; each rank's wait then reports the
+        call failed, :meth:`recover` runs the job again)."""
+        for c in self.comms:
+            c.flags.raise_abort()
 
     @property
     def fifo_capacity(self) -> int:
@@ -406,11 +641,17 @@ class LocalJob:
             if c.grid > fit:
                 raise ValueError(f"rank {c.rank}'s kernel needs {c.grid} thread blocks of {block} threads "
                                  f"resident at once; at most {fit} fit")
+        try:                 # and the ranks that share a device, together
+            self._fit_together(False, dtype, op, block)
+        except PlatformError as exc:
+            raise ValueError(str(exc)) from None
 
     def run_v(self, counts, *, sdispls=None, rdispls=None, send_lens=None, recv_lens=None,
               inplace: bool = False, inputs: list | None = None, seed: int = 0, warmup: int = 0,
               iters: int = 1, keep_outputs: bool = True, dtype: str | None = None,
-              pass_displs: bool | None = None) -> RunResult:
+              pass_displs: bool | None = None, proto: str | None = None, slice_bytes: int | str = "auto",
+              timeout_s: float | None = None, together: bool = False, direct: bool = False,
+              one_grid: bool | None = False) -> RunResult:
         """The AllToAll program as an AllToAllv (:mod:`hccc.runtime.alltoallv`), as the
         single-process runner's ``run_v`` takes it: ``counts[s][d]`` elements from rank ``s`` to
         rank ``d``, displacements ``sdispls[s][d]`` / ``rdispls[d][s]`` (None: packed), buffers of
@@ -423,10 +664,15 @@ class LocalJob:
         the single-process runner's ``run_v``. ``warmup + iters`` calls of every rank's
         :meth:`~hccc.runtime.communicator.Communicator.all_to_all_v` (each rank's counts checked
         by the ranks themselves, compared at the call's barrier), the last one's receive buffers
-        compared with :func:`hccc.runtime.alltoallv.expected` (not timed: ``time_us`` is nan).
+        compared with :func:`hccc.runtime.alltoallv.expected`; ``together`` (with ``direct`` and
+        ``one_grid`` as for :meth:`run`): launched together and timed (``time_us``, the mean of
+        the ``iters`` timed calls), else not timed (nan). ``proto``, ``slice_bytes`` and
+        ``timeout_s`` hold for these calls only, as for :meth:`run`.
         ValueError (CountsError naming the entry) before any call for counts the buffers cannot
-        take; a failed call is the result's ``stuck`` and the job runs again (:meth:`recover`). The
-        FIFOs first grow to what the call needs, as for :meth:`run`."""
+        take; a failed call is the result's ``stuck`` (:meth:`_why_stuck`) and the job runs again
+        (:meth:`recover`). The
+        FIFOs first grow to what the call needs, as for :meth:`run`: its launch count
+        (:func:`~hccc.runtime.alltoallv.launch_count`, the ranks' own)."""
         ir, N = self.ir, self.nranks
         if not SPECS[ir.collective].per_pair_counts:
             raise ValueError(f"{ir.name} is a {ir.collective}: per-pair counts need an AllToAll program")
@@ -441,37 +687,42 @@ class LocalJob:
         given = pass_displs if pass_displs is not None else (sdispls is not None or rdispls is not None)
         # the displacements the ranks pass: the checked ones (packed where None), or None (packed)
         s_pass, r_pass = (sd, rd) if given else (None, None)
+        es = ELEMENT_BYTES[dtype]
+        c0 = self.comms[0]
+        proto = c0.proto if proto is None else proto
+        k = self.vblocks(inplace)[0].k
+        self._plan_ahead(av.launch_count(av.scratch_slot(c, k), k, N), es, proto, slice_bytes)
+        if one_grid is None:
+            one_grid = together and self.grid_usable(dtype, "sum")
         inputs, before = alltoallv_buffers(dtype, inputs, send_lens, recv_lens, inplace, seed)
         want = av.expected([np.array(x) for x in inputs], before, c, sd, rd)
         as_kernel = _bfloat16_tensor if dtype == "bfloat16" else (lambda a: a)
-        c0 = self.comms[0]
-        if self.grow_fifos:
-            # the FIFOs grow to what the ranks' call needs (its count: the scratch slot's blocks,
-            # RankAllToAllv's), as run grows them
-            k = c0._vcalls.tables(bool(inplace))[0].k
-            count = max(av.scratch_slot(c, k), 1) * k * N
-            self.fit_fifos(LaunchCall.plan(ir, count, ELEMENT_BYTES[dtype], c0.compiled_chunk_bytes,
-                                           proto=c0.proto, slice_bytes=c0._slice_request).slot_cap)
 
         def step(r, comm):
             x = oracle.to_device(inputs[r], dtype).copy()
             out = None if inplace else oracle.to_device(before[r], dtype).copy()
             comm.all_to_all_v(as_kernel(x), None if inplace else as_kernel(out), c, sdispls=s_pass, rdispls=r_pass)
             return oracle.from_device(x if inplace else out, dtype)
-        outs, stuck = None, None
+        grid = self._grid_entry(dtype, "sum") if one_grid else None
+        outs, stuck, times = None, None, []
+        kept = self._set_call_options(proto, slice_bytes, None, timeout_s, int(c.sum()) * es)
         try:
-            for _ in range(warmup + iters):
-                outs = self.each(step)
+            for it in range(warmup + iters):
+                outs = self._each_call(step, together, direct, grid)
+                if together and it >= warmup:
+                    times.append(self.last_time_us)
         except CommunicatorError as exc:
-            outs, stuck = None, str(exc)
+            outs, stuck = None, self._why_stuck(exc)
             self.recover()
+        finally:
+            self._restore_call_options(kept)
         wrong, first = oracle.count_wrong(ir.collective, outs, want) if outs is not None else (0, None)
-        es = ELEMENT_BYTES[dtype]
         per_rank = int(c.sum()) * es // max(N, 1)
         return RunResult(bytes=per_rank, count=per_rank // es, dtype=dtype, op="sum", inplace=bool(inplace),
-                         wrong=int(wrong), time_us=float("nan"), stuck=stuck, first_wrong=first,
-                         collective=ir.collective, nranks=N, iters=0, collective_wrong=0, nthreads=c0.block,
-                         oracle="alltoallv", outputs=outs if keep_outputs else None,
+                         wrong=int(wrong), time_us=float(np.mean(times)) if times else float("nan"), stuck=stuck,
+                         first_wrong=first, collective=ir.collective, nranks=N, iters=len(times),
+                         collective_wrong=0, nthreads=c0.block, oracle="alltoallv",
+                         outputs=outs if keep_outputs else None,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
                          checks=1 if outs is not None else 0)
 
@@ -489,6 +740,9 @@ class LocalJob:
         self._threads.close()
         if running is None:              # a kernel still running keeps the memory it may touch
             self._programs.close()
+            made, self._made_platforms = getattr(self, "_made_platforms", []), []
+            for pf in made:
+                pf.close()
 
     def __enter__(self):
         return self
@@ -678,16 +932,27 @@ class GroupLaunch:
         self._staged: list = []
         self.gate = threading.Barrier(len(comms), action=self._launch_all)
 
-    def call(self, rank: int, method: str, x, out, op: str) -> None:
-        """Rank ``rank``'s part: its call checked and routed (``x`` into ``out``, out of place),
-        taken up to the launch, the launch left to the last rank to arrive, then its wait."""
+    def call(self, rank: int, step) -> object:
+        """Rank ``rank``'s part: ``step()``, the rank's call made through its communicator's own
+        method (checked and routed as any call), whose launch (:meth:`run`) joins this one; a
+        rank that fails before the launch lets its peers go at once."""
         comm = self.comms[rank]
-        count, dtype, in_p, out_p, copy_back = comm._prepare(method, x, out, False, op)
-        if copy_back is not None:
-            raise CommunicatorError(f"rank {rank}: {method}: launched together, a call runs on the "
-                                    "caller's arrays only (no temporaries)")
+        comm.group = self
+        try:
+            return step()
+        except BaseException:
+            self.gate.abort()          # the peers stop waiting for this rank's launch
+            raise
+        finally:
+            comm.group = None
+
+    def run(self, rank: int, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None) -> None:
+        """Rank ``rank``'s launch of its call (in place of
+        :meth:`~hccc.runtime.process_rank.ProcessRank._run`): taken up to the launch, the launch
+        left to the last rank to arrive, then its wait."""
+        comm = self.comms[rank]
         # the gate below is the second barrier: no kernel is launched before every rank has reset
-        self._pending[rank] = comm._begin(method, count, dtype, op, in_p, out_p, meet_after_reset=False)
+        self._pending[rank] = comm._begin(method, count, dtype, op, in_p, out_p, v, meet_after_reset=False)
         try:
             self.gate.wait()
         except BaseException as exc:
@@ -762,9 +1027,12 @@ class GridEntry:
     def __init__(self, comms: list, dtype: str, op: str):
         first = comms[0]
         flavours = {c.rank_platform[c.rank] for c in comms}
-        if len(flavours) > 1 or first.codegen != "specialized":
-            raise CommunicatorError("one grid runs the specialised kernels of ranks of one platform"
-                                    f" (this job: {', '.join(sorted(flavours))}, {first.codegen} kernels)")
+        if len(flavours) > 1:
+            raise CommunicatorError("one grid runs the kernels of ranks of one platform"
+                                    f" (this job: {', '.join(sorted(flavours))})")
+        #: table mode: the entry finds each block's rank through the first block of every rank
+        #: (:func:`~hccc.runtime.kernel_abi.grid_first`) and takes every rank's table argument
+        self.table = first.codegen == "table"
         self.comms, self.pf, prog = comms, first._pf, first._prog
         inst = Instance(dtype, op)
         sym = grid_symbol(prog.manifest, first.rank_platform[0], inst)
@@ -775,9 +1043,13 @@ class GridEntry:
         # every rank in one launch on one device: memory ordered at device scope, as the
         # single-process runner builds its one grid (system scope cost ten times the kernel time
         # of hm_allreduce_4x8 at 1 MiB on the CPU emulation: 2.6 s against 0.21 s)
+        self.blocks = sum(c.grid for c in comms)
+        try:
+            check_grid_residency(first.ir.name, self.blocks, self.pf.launch_residency())
+        except PlatformError as exc:
+            raise CommunicatorError(str(exc)) from None
         lib = self.pf.build(prog.gendir, prog.manifest, inst, ranks=list(range(len(comms))), single_gpu=True)
         self.fn = self.pf.load(lib).function(sym)
-        self.blocks = sum(c.grid for c in comms)
         self._check_fit(self.block)
 
     @property
@@ -792,14 +1064,21 @@ class GridEntry:
                                     f"of {block} threads resident at once; at most {fit} fit")
 
     def argument(self, packed: list[bytes], staged: list) -> bytes:
-        """The entry's argument over every rank's packed ``hccc_args`` (``packed``), copied into
-        rank 0's memory (appended to ``staged``, freed after the call)."""
-        blob = np.frombuffer(b"".join(packed), np.uint8)
+        """The entry's argument over every rank's packed kernel argument (``packed``: ``hccc_args``,
+        or ``hccc_table_args`` in table mode, with the block table of every rank's first block),
+        copied into rank 0's memory (appended to ``staged``, freed after the call)."""
         owner = self.comms[0]
-        ptr = owner._owned.local(max(blob.nbytes, ctypes.sizeof(Args)))
-        staged.append((owner, ptr))
-        self.pf.memcpy_htod(ptr, blob)
-        return grid_argument(ptr, len(packed))
+
+        def put(data: bytes, least: int) -> int:
+            blob = np.frombuffer(data, np.uint8)
+            ptr = owner._owned.local(max(blob.nbytes, least))
+            staged.append((owner, ptr))
+            self.pf.memcpy_htod(ptr, blob)
+            return ptr
+        ranks = put(b"".join(packed), ctypes.sizeof(Args))
+        if not self.table:
+            return grid_argument(ranks, len(packed))
+        return grid_argument(ranks, len(packed), first=put(grid_first([c.grid for c in self.comms]), 16))
 
     def launch(self, arg: bytes) -> None:
         """Every rank's blocks in one launch on rank 0's stream."""
@@ -835,9 +1114,14 @@ def _call_buffers(x: np.ndarray, row, garbage, inplace: bool) -> tuple[np.ndarra
 
 
 def _job_error(errors: list, doing: str) -> CommunicatorError:
-    """One error naming every rank's failure (each message names its rank)."""
+    """One error naming every rank's failure (each message names its rank); where every rank
+    failed alike (the same message but for its rank), that message once, for every rank."""
     lines = [str(e) if isinstance(e, CommunicatorError) else f"rank {r}: {type(e).__name__}: {e}"
              for r, e in enumerate(errors) if e is not None]
+    alike = {line[len(f"rank {r}: "):] if line.startswith(f"rank {r}: ") else None
+             for r, line in zip((r for r, e in enumerate(errors) if e is not None), lines)}
+    if len(errors) > 1 and all(e is not None for e in errors) and len(alike) == 1 and None not in alike:
+        return CommunicatorError(f"the job failed {doing}: every rank: {alike.pop()}")
     return CommunicatorError(f"the job failed {doing}: " + "; ".join(lines))
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import abc
 import importlib
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -286,16 +287,28 @@ def get_platform(name: str) -> Platform:
 _BUILTIN = {"cpu": "hccc.runtime.cpu", "cuda": "hccc.runtime.cuda", "hip": "hccc.runtime.hip"}
 
 
+#: the built-in implementations were imported (each registered, or registered as missing)
+_BUILTIN_LOADED = threading.Event()
+_BUILTIN_LOCK = threading.Lock()
+
+
 def _load_builtin() -> None:
-    if _FACTORIES:
+    """Import every built-in implementation once (ranks in threads ask at once: the first imports,
+    the others wait), also where one of them was imported before (it registered only itself)."""
+    if _BUILTIN_LOADED.is_set():
         return
-    for name, module in _BUILTIN.items():
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            if name == "cpu":
-                raise
-            _register_missing(name, str(exc))
+    with _BUILTIN_LOCK:
+        if _BUILTIN_LOADED.is_set():
+            return
+        for name, module in _BUILTIN.items():
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                if name == "cpu":
+                    raise
+                if name not in _FACTORIES:
+                    _register_missing(name, str(exc))
+        _BUILTIN_LOADED.set()
 
 
 def _register_missing(name: str, reason: str) -> None:

@@ -123,6 +123,8 @@ class ProcessRank:
         self._calls = self._seq = 0
         #: the FIFOs' reallocations so far (:meth:`_refit`)
         self._refits = 0
+        #: why this rank's FIFOs are gone (a reallocation that failed half-way), or None
+        self._no_fifos: str | None = None
         #: LL flag epochs of this rank's FIFOs: every rank derives the same from the same calls
         #: (compared per call), so the slots are zeroed only at the first LL call, after Simple
         #: calls and when the epochs wrap (:mod:`hccc.runtime.ll_epoch`)
@@ -201,9 +203,9 @@ class ProcessRank:
         ``seq`` and call ``calls``, the most any rank reached, with the LL slots zeroed at the
         next LL call (the failed call may have left anything in them). A kernel that ignores the
         abort flag may still run: that rank stays unusable."""
-        if self._closed or (self._broken and IGNORES_ABORT in self._broken):
+        if self._closed or (self._broken and IGNORES_ABORT in self._broken) or self._no_fifos:
             raise CommunicatorError(f"rank {self.rank}: cannot run again: "
-                                    f"{self._broken or 'the communicator is closed'}")
+                                    f"{self._no_fifos or self._broken or 'the communicator is closed'}")
         self._broken = None
         self._hosts.rejoin(seq)
         self._calls = int(calls)

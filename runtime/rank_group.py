@@ -22,6 +22,7 @@ from hccc.runtime.direct_peers import direct_receive_count, ll_note, peers_blob,
 from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram, check_codegen
 from hccc.runtime.group_memory import GroupMemory
 from hccc.runtime.interrupts import deferred_interrupts
+from hccc.runtime.kernel_watch import default_watchdog_s
 from hccc.runtime.memory_limits import check_fifo_memory, out_of_memory_at
 from hccc.runtime.platform import Platform, PlatformError
 from hccc.runtime.rank_kernels import RankKernels
@@ -173,8 +174,9 @@ class RankGroup:
         return self.launches.broken if self.launches is not None else None
 
     def default_watchdog(self, nbytes: int) -> float:
-        total = nbytes * max(self.nranks, 1) * 4
-        return max(30.0, 3.0 * self.timeout_s) + total / 20e6
+        """The host-side limit on a launch at ``nbytes`` when none is given
+        (:func:`~hccc.runtime.kernel_watch.default_watchdog_s`)."""
+        return default_watchdog_s(self.timeout_s, nbytes, self.nranks)
 
     # ------------------------------------------------------------------ one run of every rank
     def _execute(self, call: LaunchCall, lay, inplace: bool, dev_inputs, *, timeout_s, blocks,

@@ -15,7 +15,7 @@ from hccc.compiler.passes.kernel_cost import least_block_threads
 from hccc.runtime.generated import GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.platform import Instance, Platform, PlatformError
-from hccc.runtime.rank_residency import check_rank_residency, launch_residency
+from hccc.runtime.rank_residency import check_grid_residency, check_rank_residency, launch_residency
 from hccc.util.plural import plural
 
 
@@ -34,6 +34,17 @@ def fit_block_threads(block: int, platform: str, fits, least: int | None = None)
         return int(block), None
     return b, (f"{plural(b, 'thread')} per thread block instead of the emitted {block}, so that every block "
                "of the kernel is resident at once")
+
+
+def check_resident_together(name: str, pf, device: int, nranks: int, need: int, block: int, cap: int) -> None:
+    """PlatformError unless ``need`` thread blocks of ``block`` threads, of ``nranks`` ranks of
+    program ``name`` on ``device`` of ``pf``, fit the ``cap`` blocks resident at once there: they
+    spin on each other, so every one must run at once (with the platform's advice)."""
+    if need > cap:
+        raise PlatformError(
+            f"cannot run {name} on {pf.name}: its {nranks} ranks on device {device} need {need} thread "
+            f"blocks of {block} threads resident at once, but at most {cap} fit; "
+            f"{pf.residency_advice(need, block)}")
 
 
 class RankKernels:
@@ -166,22 +177,15 @@ class RankKernels:
                 cap = pf.max_resident_blocks(self.grid_fn, b)
             else:
                 cap = min(pf.max_resident_blocks(self.fns[r], blk[r]) for r in rs)
-            if need > cap:
-                raise PlatformError(
-                    f"cannot run {self.ir.name} on {pf.name}: its {len(rs)} ranks on "
-                    f"device {d} need {need} thread blocks of {b} threads resident at once, "
-                    f"but at most {cap} fit; {pf.residency_advice(need, b)}")
+            check_resident_together(self.ir.name, pf, d, len(rs), need, b, cap)
 
     def check_partial_residency(self) -> None:
         """Where a platform keeps only some blocks of a launch resident (``launch_residency``): a
         one-grid launch, cooperative, must fit whole, and per-rank launches must have no wait that
         a block not yet resident could leave unmet (:mod:`hccc.runtime.rank_residency`)."""
         k = launch_residency(self.distinct)
-        if k is not None and self.grid_fn is not None and sum(self.grid) > k:
-            raise PlatformError(
-                f"cannot run {self.ir.name} as one grid: the launch is cooperative (its "
-                f"{sum(self.grid)} blocks wait on each other) but at most {k} blocks of a launch are "
-                "resident at once; launch each rank on its own (--launch per-rank)")
+        if self.grid_fn is not None:
+            check_grid_residency(self.ir.name, sum(self.grid), k)
         if self.grid_fn is None:
             check_rank_residency(self.ir, k)
 

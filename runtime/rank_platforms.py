@@ -102,6 +102,15 @@ def _backend_spec(ir: ProgramIR, backend, groups: dict[str, list[int]], owned: l
     return {p: backend for p in groups}
 
 
+def check_backend(ir: ProgramIR, backend, groups: dict[str, list[int]]) -> None:
+    """The refusal :func:`resolve_platforms` makes of a backend named by a manifest platform
+    (``"cuda"`` / ``"hip"``) or given as a Platform object that cannot run the sources of some
+    ranks of ``groups`` (:func:`ranks_by_platform`), made without starting any platform; other
+    backends are checked where they are made."""
+    if isinstance(backend, Platform) or (isinstance(backend, str) and backend in MANIFEST_PLATFORMS):
+        _backend_spec(ir, backend, groups, [])
+
+
 def resolve_platforms(ir: ProgramIR, backend, groups: dict[str, list[int]], owned: list) -> dict[str, Platform]:
     """Manifest platform -> Platform object for every platform of ``groups``
     (:func:`ranks_by_platform`); refuses mappings that cannot run (a platform that cannot run those
@@ -156,4 +165,4 @@ def refuse_unshared(ir: ProgramIR, groups: dict[str, list[int]], names: dict[str
 
 
 __all__ = ["MANIFEST_PLATFORMS", "rank_ranges", "platform_label", "rank_platforms", "ranks_by_platform",
-           "resolve_platforms", "refuse_unshared"]
+           "check_backend", "resolve_platforms", "refuse_unshared"]

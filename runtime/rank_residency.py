@@ -23,6 +23,17 @@ def launch_residency(platforms: Iterable[Platform]) -> int | None:
     return min(ks) if ks else None
 
 
+def check_grid_residency(name: str, blocks: int, resident: int | None) -> None:
+    """PlatformError unless a one-grid launch of ``blocks`` blocks of program ``name`` fits the
+    ``resident`` blocks a launch keeps resident at once (None: all): the launch is cooperative,
+    its blocks wait on each other."""
+    if resident is not None and blocks > resident:
+        raise PlatformError(
+            f"cannot run {name} as one grid: the launch is cooperative (its {blocks} blocks wait on "
+            f"each other) but at most {resident} blocks of a launch are resident at once; launch each "
+            "rank on its own (--launch per-rank)")
+
+
 def check_rank_residency(ir: ProgramIR, resident: int | None, ranks: Iterable[int] | None = None) -> None:
     """Raise PlatformError unless the per-rank launches of ``ir`` (rank r: ``nchannels x ntbs[r]``
     blocks) complete with at most ``resident`` blocks of each resident at once (None: all of them,

@@ -352,7 +352,8 @@ def test_property_small_programs_as_alltoallv(data):
 def test_property_a_jobs_ranks_in_threads_run_alltoallv(data):
     """Every rank a Communicator in a thread of one job (the path a job of one rank per process
     takes): its AllToAllv run is the definition, packed or with larger buffers at given
-    displacements, out of place or in place."""
+    displacements, out of place or in place; launched by each rank or together (timed), under
+    the protocol asked for."""
     from hccc.runtime.local_job import LocalJob
     alg = data.draw(valid_programs("alltoall", max_ranks=3, min_ranks=2, max_chunks_per_rank=2))
     ir = build_program(alg)
@@ -368,9 +369,19 @@ def test_property_a_jobs_ranks_in_threads_run_alltoallv(data):
               "recv_lens": [int(sum(c[:, d])) + spread * n for d in range(n)]}
     sends = [np.random.default_rng(s).integers(0, 100, size=int(sum(c[s])) + spread * n).astype(np.float32)
              for s in range(n)]
+    # launched by each rank (untimed) or together (timed), with direct mode's peers array or as one grid
+    how = data.draw(st.sampled_from([{}, {"together": True}, {"together": True, "direct": True},
+                                     {"together": True, "one_grid": None}]))
+    proto = data.draw(st.sampled_from([None, "simple", "ll"]))
     with LocalJob(ir, timeout_s=30) as job:
-        res = job.run_v(c, inplace=inplace, inputs=sends, **kw)
+        res = job.run_v(c, inplace=inplace, inputs=sends, proto=proto, iters=2, **kw, **how)
+        assert all(comm.proto == "auto" for comm in job.comms)          # (for this run only)
     assert res.stuck is None and res.ok and res.oracle == "alltoallv", res.stuck or res.first_wrong
+    assert proto is None or res.proto == proto
+    if how:
+        assert res.iters == 2 and res.time_us > 0
+    else:
+        assert res.iters == 0 and np.isnan(res.time_us)
     if not inplace:
         _check(res, sends, c, sd=kw.get("sdispls"), rd=kw.get("rdispls"), recv_lens=kw.get("recv_lens"))
 

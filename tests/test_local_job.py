@@ -6,6 +6,7 @@ one rank per process takes, in threads), whose outputs are compared with the col
 definition (:func:`hccc.runtime.reference.expected`, computed from the inputs alone)."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import threading
@@ -230,16 +231,17 @@ def test_a_set_up_that_fails_names_every_ranks_failure_and_keeps_nothing():
 
 
 # ------------------------------------------------------------------------------ launched together
-def _slot_heads(job) -> np.ndarray:
+def _slot_heads(job, slot_bytes: int) -> np.ndarray:
     """[rank, receive connection, slot]: 8 bytes of every FIFO slot of every rank, past its reserved header
-    and alignment room (abi.SLOT_OVERHEAD), where every message through the slot writes data."""
+    and alignment room (abi.SLOT_OVERHEAD), where every message through the slot writes data; the
+    launch's slots are ``slot_bytes`` apart (its slot capacity's, within the FIFO's)."""
     from hccc.compiler.backend import abi
     out = []
     for r, comm in enumerate(job.comms):
         plan, mem, pf = comm._plans[r], comm._mem, comm._pf
         raw = np.zeros(plan.slots_bytes, np.uint8)
         pf.memcpy_dtoh(raw, mem.slots)
-        out.append([[raw[j * plan.fifo_bytes + s * plan.slot_bytes + abi.SLOT_OVERHEAD:][:8].view(np.uint64)[0]
+        out.append([[raw[j * plan.fifo_bytes + s * slot_bytes + abi.SLOT_OVERHEAD:][:8].view(np.uint64)[0]
                      for s in range(abi.NSLOTS)] for j in range(len(plan.recv_conns))])
     return np.array(out, np.uint64)
 
@@ -260,6 +262,10 @@ def test_ranks_launched_together_run_direct_mode_with_the_peers_array():
     inputs = reference.make_inputs("allreduce", 4, count, "float32", nchunks=ir.nchunks, seed=1)
     want = np.sum(np.stack(inputs), axis=0)
     mark = np.uint64(0xABABABABABABABAB)
+    # the call's slots: its slot capacity through the compiled slot (the single-process runner's recipe)
+    from hccc.compiler.backend.codegen import slot_bytes
+    from hccc.runtime.rank_memory import LaunchCall
+    launch_slot_bytes = slot_bytes(LaunchCall.plan(ir, count, 4, 1024).slot_cap, ir.max_step_chunks)
     with LocalJob(ir, timeout_s=30, proto="simple", nthreads=2) as job:
         for direct, untouched_slots in ((True, slice(3, 6)), (False, slice(0, 0))):
             for r, comm in enumerate(job.comms):
@@ -267,7 +273,7 @@ def test_ranks_launched_together_run_direct_mode_with_the_peers_array():
             got = job.collective(inputs, count, together=True, direct=direct)
             assert all(np.array_equal(g, want) for g in got)
             assert job.last_time_us is not None and job.last_time_us > 0
-            untouched = _slot_heads(job) == mark
+            untouched = _slot_heads(job, launch_slot_bytes) == mark
             assert untouched[:, :, untouched_slots].all(), (direct, untouched)
             assert not np.delete(untouched[:, :, :6], np.arange(6)[untouched_slots], axis=2).any(), (direct, untouched)
         job.comms[0].proto = "ll"
@@ -296,17 +302,18 @@ def test_direct_mode_and_one_grid_need_the_ranks_launched_together(how):
 
 
 @needs_gxx
-@pytest.mark.parametrize("direct", [False, True])
-def test_ranks_launched_as_one_grid_make_one_launch_of_every_ranks_blocks(direct):
+@pytest.mark.parametrize("direct,codegen", [(False, "specialized"), (True, "specialized"), (True, "table")])
+def test_ranks_launched_as_one_grid_make_one_launch_of_every_ranks_blocks(direct, codegen):
     """The one-grid entry launched once, by rank 0's platform, with every rank's blocks, and no
     rank's own launch step (counted by spies on the platforms and the ranks); every rank's output
-    is the collective's definition."""
+    is the collective's definition. Table mode too: the generic kernels' entry finds each block's
+    rank through the block table and runs that rank's table."""
     from hccc.runtime.local_job import LocalJob
     ir = build_program(gen.ring_allreduce(4, [0, 2, 1, 3]), chunk_bytes=64)
     count = 1001
     inputs = reference.make_inputs(ir.collective, 4, count, "float32", nchunks=ir.nchunks, seed=3)
     want = reference.expected(ir.collective, inputs, "sum", nchunks=ir.nchunks)
-    with LocalJob(ir, timeout_s=30, proto="simple") as job:
+    with LocalJob(ir, timeout_s=30, proto="simple", codegen=codegen) as job:
         seen = []
         for r, comm in enumerate(job.comms):
             real = comm._launch
@@ -656,8 +663,8 @@ def test_a_kernel_past_the_jobs_watchdog_is_aborted_and_a_runs_timeout_is_the_ke
         res = job.run(16)
         assert time.monotonic() - t0 < 15 and not res.ok
         assert "host watchdog: kernel still running after 0.5 s" in res.stuck, res.stuck   # as the runner says
-        for c in job.comms:
-            c.watchdog_s = None
+        job.watchdog_s = None          # the size-based default from now on (generous: 30 s at least)
+        assert job.default_watchdog(16 * 4) >= 30
         res = job.run(16, timeout_s=0.3)
         assert [c.kernel_timeout_s for c in job.comms] == [60, 60]
         assert re.search(r"rank [01], TB 0 stuck in recv for chunk [01] \(micro-batch 0\)", res.stuck), res.stuck
@@ -694,28 +701,56 @@ def test_a_jobs_fifos_grow_on_every_rank_and_its_calls_go_on(codegen):
         assert all(np.array_equal(g, want) for g in job.collective(x, 300, together=True))
 
 
+def _slot_need(ir, count: int, es: int, slice_bytes: int, proto: str, compiled: int) -> int:
+    """The slot capacity a call needs, by this test's own arithmetic: a FIFO region holds one
+    slice of one chunk (the chunk at most: ceil(count / nchunks) elements), in whole 16-byte
+    units, twice that under LL (half of each line is data), one region per chunk a primitive
+    moves at once; never more than the compiled slot."""
+    chunk = max(1, -(-count // ir.nchunks)) * es
+    need = -(-min(slice_bytes, chunk) // 16) * 16
+    return min(compiled, max(1, ir.max_step_chunks) * need * (2 if proto == "ll" else 1))
+
+
 @needs_gxx
 @settings(max_examples=6, deadline=None)
 @given(calls=st.lists(st.tuples(st.integers(1, 1500), st.sampled_from(["simple", "ll", "auto"]),
                                 st.sampled_from(["auto", 16, 64])), min_size=1, max_size=4))
-def test_a_jobs_fifos_grow_with_its_runs_as_the_runners_do(calls):
-    """FIFOs made small grow with each run by themselves to what the call needs, never shrink,
-    exactly as the single-process runner's (its own FIFO book, started at the same capacity); every
-    run is the collective's definition."""
-    from hccc.runtime.launcher import Runner
+def test_a_jobs_fifos_grow_with_its_runs_to_what_each_call_needs(calls):
+    """FIFOs made small grow with each run by themselves to the largest slot capacity a call so
+    far needed (:func:`_slot_need` of the call's reported slice and protocol), never shrink; and a
+    call runs alike whatever the FIFOs held before it: its protocol and slice are those of the
+    same call on a job whose FIFOs hold the compiled slot from the start. Every run is the
+    collective's definition."""
     from hccc.runtime.local_job import LocalJob
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=1024)
-    with LocalJob(ir, timeout_s=30, fifo_bytes=256) as job:
+    with LocalJob(ir, timeout_s=30, fifo_bytes=256) as job, LocalJob(ir, timeout_s=30) as full:
         small = job.fifo_capacity
-        assert job.grow_fifos and small < 1024
-        with Runner(ir, "cpu", "float32", "sum", timeout_s=30, fifo_capacity=small) as runner:
-            assert runner.fifo_capacity == small
-            for count, proto, slice_bytes in calls:
-                res = job.run(count, proto=proto, slice_bytes=slice_bytes)
-                want = runner.run(count=count, proto=proto, slice_bytes=slice_bytes)
-                assert res.ok and want.ok, (res.stuck, want.stuck)
-                assert job.fifo_capacity == runner.fifo_capacity, (count, proto, slice_bytes)
-                assert all(c.chunk_bytes == job.fifo_capacity for c in job.comms)
+        assert job.grow_fifos and small < 1024 and full.fifo_capacity == 1024
+        want_cap = small
+        for count, proto, slice_bytes in calls:
+            res = job.run(count, proto=proto, slice_bytes=slice_bytes, keep_outputs=False)
+            ref = full.run(count, proto=proto, slice_bytes=slice_bytes, keep_outputs=False)
+            assert res.ok and ref.ok, (res.stuck, ref.stuck)
+            assert (res.proto, res.slice_bytes) == (ref.proto, ref.slice_bytes), (count, proto, slice_bytes)
+            want_cap = max(want_cap, _slot_need(ir, count, 4, res.slice_bytes, res.proto, 1024))
+            assert job.fifo_capacity == want_cap, (count, proto, slice_bytes)
+            assert all(c.chunk_bytes == want_cap for c in job.comms)
+
+
+@needs_gxx
+def test_an_import_proven_one_micro_batch_per_chunk_keeps_it_through_small_fifos():
+    """An MSCCL import (proven under the algorithm-level order only) runs one micro-batch per
+    chunk: through FIFOs made small, the job grows them to the whole chunk and runs the call with
+    the compiled slot as its slice, as the single-process runner does, instead of refusing a
+    slice that cuts the chunks."""
+    from hccc.runtime.local_job import LocalJob
+    ir = load_program(ROOT / "examples" / "msccl" / "allreduce_ring_4.xml")
+    assert ir.algorithm_level and ir.nchunks == 4 and ir.max_step_chunks == 1
+    with LocalJob(ir, timeout_s=30, fifo_bytes=256) as job:
+        assert job.fifo_capacity < 4000
+        res = job.run(4000)                # chunks of 1000 elements: 4000 bytes a region
+        assert res.ok, (res.stuck, res.first_wrong)
+        assert res.slice_bytes == ir.chunk_bytes and job.fifo_capacity == 4000
 
 
 @needs_gxx
@@ -767,7 +802,8 @@ def test_a_jobs_run_counts_what_the_oracle_does_not_expect():
 @needs_gxx
 def test_a_stuck_run_is_reported_and_the_job_runs_again():
     """Two ranks that each receive before they send: every rank's kernel times out and the run
-    says where (as the runner's does, from the error record), and the job stays usable; after a
+    says where each stuck (as the runner's does, from each rank's error record, once: not the
+    peers' relays of it), and the job stays usable; after a
     call the ranks disagree on, a good call runs."""
     from codegen_irs import stuck_ir
     from hccc.runtime.local_job import LocalJob
@@ -775,8 +811,12 @@ def test_a_stuck_run_is_reported_and_the_job_runs_again():
         for count in (16, 40):
             res = job.run(count)
             assert res.stuck is not None and not res.ok
-            assert re.search(r"rank [01], TB 0 stuck in recv for chunk [01] \(micro-batch 0\): waiting for "
-                             r"data from rank [01]", res.stuck), res.stuck
+            # each rank's own error record once, in rank order, in the runner's words
+            said = res.stuck.split("; ")
+            assert len(said) == 2, res.stuck
+            for r, text in enumerate(said):
+                assert re.match(rf"rank {r}, TB 0 stuck in recv for chunk {1 - r} \(micro-batch 0\): waiting for "
+                                rf"data from rank {1 - r}, primitive 0, task {1 - r}, gave up after", text), res.stuck
     ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
     with LocalJob(ir, timeout_s=20) as job:
         with pytest.raises(CommunicatorError, match="every rank must make the same call"):
@@ -903,3 +943,300 @@ def test_the_ranks_of_a_job_in_threads_load_one_library_with_the_one_grid_entry(
         assert GridEntry(job.comms, "float32", "sum").fn.module.path in paths
         assert [c._library() for c in job.comms] == [([0, 1, 2], {"single_gpu": True})] * 3
         assert Communicator._library(job.comms[1]) == ([1], {})
+
+
+# ------------------------------------------------------------------------------ the runner's API on the job
+@needs_gxx
+def test_a_jobs_run_takes_the_size_as_bytes_or_elements():
+    """``nbytes`` (a whole number of elements) or ``count``, exactly one, as the runner takes them."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        res = job.run(nbytes=400)
+        assert res.ok and (res.count, res.bytes) == (100, 400)
+        assert job.run(nbytes=400, dtype="bfloat16").count == 200
+        for bad, text in (({}, "give exactly one of nbytes and count"),
+                          ({"count": 4, "nbytes": 16}, "give exactly one of nbytes and count"),
+                          ({"nbytes": 6}, "6 bytes is not a whole number of float32 elements (4 bytes each)"),
+                          ({"count": -1}, "count must be non-negative")):
+            with pytest.raises(ValueError) as err:
+                job.run(**bad)
+            assert str(err.value) == text
+
+
+@needs_gxx
+def test_a_job_says_its_layout_block_pieces_and_direct_receives():
+    """The bookkeeping callers read: every rank's buffer lengths at a count (an AllGather of 3
+    ranks: a third of the count in, the count out, the input inside the output at its rank's
+    third), an AllToAll's block pieces (``k`` a block, ``k * nranks`` chunks), and the direct-mode
+    receives (none when the sources keep every primitive on the FIFO)."""
+    from hccc.runtime.direct_peers import direct_receive_count
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allgather(3), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        assert [row[:2] for row in job.layout(30)] == [(10, 30)] * 3
+        assert [row[3] for row in job.layout(30)] == [0, 10, 20]
+    ar = build_program(gen.ring_allreduce(4), chunk_bytes=64)
+    with LocalJob(ar, timeout_s=30) as job:
+        assert job.direct_receives() == direct_receive_count(ar, ["cuda"] * 4, "auto") > 0
+    with LocalJob(ar, timeout_s=30, direct="off") as job:
+        assert job.direct_receives() == 0
+    a2a = load_program(ROOT / "examples" / "ring_alltoall_6.rccl")
+    with LocalJob(a2a, timeout_s=30) as job:
+        vm, tables = job.vblocks()
+        assert vm.k * 6 == a2a.nchunks and len(tables) == 6
+
+
+@needs_gxx
+def test_a_jobs_fifos_start_at_the_capacity_asked_for():
+    """``fifo_capacity`` at set-up: the FIFOs hold that slot capacity from the start (at least
+    the least slot, at most the compiled one), as the runner's; with ``fifo_bytes`` too, refused."""
+    from hccc.runtime.local_job import LocalJob
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=1024)
+    for asked, held in ((64, 64), (10 ** 6, 1024), (1, 16 * max(1, ir.max_step_chunks))):
+        with LocalJob(ir, timeout_s=30, fifo_capacity=asked) as job:
+            assert job.fifo_capacity == held and all(c.chunk_bytes == held for c in job.comms)
+            assert job.run(300).ok
+    with pytest.raises(ValueError, match="give fifo_capacity or fifo_bytes, not both"):
+        LocalJob(ir, timeout_s=30, fifo_capacity=64, fifo_bytes=512)
+
+
+@needs_gxx
+def test_a_job_takes_a_backend_per_manifest_platform_or_a_platform_object():
+    """The runner's backend forms: a Platform object (its own sources' platform for every rank
+    by default), a dict from manifest platform to a name or a Platform object; a platform the
+    dict leaves out is refused before any rank is made, naming its ranks."""
+    from hccc.runtime.cpu import CpuPlatform
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=64)
+    hip = CpuPlatform(source_platform="hip")
+    try:
+        with LocalJob(ir, timeout_s=30, backend=hip) as job:
+            assert [c.rank_platform[c.rank] for c in job.comms] == ["hip"] * 4
+            assert all(c._pf is hip for c in job.comms) and job.run(50).ok
+        plats = ["cuda", "hip", "hip", "cuda"]
+        with LocalJob(ir, timeout_s=30, backend={"cuda": "cpu", "hip": hip}, platforms=plats) as job:
+            assert [c._pf.source_platform for c in job.comms] == plats
+            assert job.comms[1]._pf is hip and job.comms[0]._pf is job.comms[3]._pf is not hip
+            assert job.run(50).ok
+        with pytest.raises(PlatformError, match=r"no backend for the hip ranks 1-2 of"):
+            LocalJob(ir, timeout_s=30, backend={"cuda": "cpu"}, platforms=plats)
+    finally:
+        hip.close()
+
+
+@needs_gxx
+def test_stopping_a_jobs_kernels_fails_the_running_call_and_the_job_runs_again():
+    """``stop_kernels`` during a call whose kernels would spin for a minute: the call ends at
+    once, failed on every rank (the kernels saw the abort flag), and the job runs again."""
+    from codegen_irs import stuck_ir
+    from hccc.runtime.local_job import LocalJob
+    with LocalJob(stuck_ir(), timeout_s=20, kernel_timeout_s=60, nthreads=2) as job:
+        timer = threading.Timer(0.5, job.stop_kernels)
+        timer.start()
+        t0 = time.monotonic()
+        res = job.run(16)
+        timer.join()
+        assert time.monotonic() - t0 < 15 and not res.ok and res.stuck, res
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    with LocalJob(ir, timeout_s=30) as job:
+        job.stop_kernels()                 # (nothing running: the next call clears the flag)
+        assert job.run(30).ok
+
+
+@needs_gxx
+def test_the_ranks_on_one_device_fit_their_blocks_together():
+    """Ranks on one device of one platform run at once and spin on each other: every block of
+    all of them must be resident together, not each rank's alone (Ring AllReduce 4: 2 blocks a
+    rank, 8 in all, against an emulation's thread budget). Without ``nthreads`` the ranks go
+    down to 1 thread per block and say so; with it, or below what fits at 1 thread, the job is
+    refused naming the budget that runs it; a run's ``nthreads`` is checked the same way."""
+    from codegen_irs import ring_allreduce
+    from hccc.runtime.cpu import CpuPlatform
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
+    ir = ring_allreduce(4)
+    ir.chunk_bytes = 64
+    for budget, nthreads, refused in ((8, None, None), (7, None, "HCCC_CPU_MAX_THREADS=8 "),
+                                      (15, 2, "use fewer threads per block, or .*HCCC_CPU_MAX_THREADS=16 ")):
+        pf = CpuPlatform(max_threads=budget)
+        try:
+            if refused is not None:
+                with pytest.raises(PlatformError, match=refused) as err:
+                    LocalJob(ir, timeout_s=30, backend=pf, nthreads=nthreads)
+                assert f"its 4 ranks on device 0 need 8 thread blocks of {nthreads or 1} threads" in str(err.value)
+                continue
+            with LocalJob(ir, timeout_s=30, backend=pf) as job:
+                assert [c.block for c in job.comms] == [1] * 4
+                assert "1 thread per thread block instead of the emitted 2" in job.threads_note
+                assert job.run(1000).ok
+                with pytest.raises(ValueError, match="need 8 thread blocks of 2 threads resident at once"):
+                    job.run(1000, nthreads=2)
+        finally:
+            pf.close()
+
+
+@needs_gxx
+def test_a_run_the_program_or_the_limits_cannot_take_is_refused_before_any_call(monkeypatch):
+    """As the runner refuses them, before any rank makes the call: a slice that cuts an MSCCL
+    import's chunks (it would stick), a placement the program is not proven for, buffers over
+    the run's memory limit (HCCC_MAX_RUN_BYTES); no call is counted on any rank."""
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
+    ir = load_program(ROOT / "examples" / "msccl" / "allreduce_ring_4.xml")
+    with LocalJob(ir, timeout_s=30) as job:
+        with pytest.raises(ValueError, match="a slice of 16 bytes cuts the 4000-byte chunks"):
+            job.run(4000, slice_bytes=16)
+        assert [c._calls for c in job.comms] == [0] * 4
+    ag = build_program(gen.ring_allgather(3), chunk_bytes=64)
+    with LocalJob(ag, timeout_s=30) as job:
+        job.ir.origin = dataclasses.replace(job.ir.origin, inplace=False)     # an import declared out of place
+        try:
+            with pytest.raises(ValueError, match="is proven out of place only"):
+                job.run(30, inplace=True)
+        finally:
+            job.ir.origin = dataclasses.replace(job.ir.origin, inplace=None)
+        monkeypatch.setenv("HCCC_MAX_RUN_BYTES", "1000")
+        with pytest.raises(PlatformError, match="over the limit of .*HCCC_MAX_RUN_BYTES"):
+            job.run(3000)
+        assert [c._calls for c in job.comms] == [0] * 3
+        monkeypatch.delenv("HCCC_MAX_RUN_BYTES")
+        assert job.run(30).ok
+
+
+@needs_gxx
+def test_a_backend_that_cannot_run_the_ranks_is_refused_once():
+    """A backend named for one manifest platform, given ranks of the other, is refused before any
+    rank is made, naming those ranks (as the runner refuses it); a failure every rank meets alike
+    is said once, for every rank, not once per rank."""
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=64)
+    with pytest.raises(PlatformError, match=r"ranks 1-2 are HIP ranks and the cuda backend runs CUDA programs only"):
+        LocalJob(ir, timeout_s=30, backend="cuda", platforms=["cuda", "hip", "hip", "cuda"])
+    with pytest.raises(CommunicatorError) as err:
+        LocalJob(ir, timeout_s=30, backend="tpu")
+    text = str(err.value)
+    assert text.startswith("the job failed setting up: every rank: ") and "unknown backend 'tpu'" in text, text
+    assert text.count("unknown backend") == 1, text
+
+
+def test_every_built_in_backend_is_known_also_after_one_of_them_was_imported():
+    """The registry of platforms imports every built-in implementation once, also where one of
+    them was imported before (it had registered only itself, so that the others were called
+    unknown) and where threads ask at once (the others saw a half-filled registry): a backend
+    missing here says it is not available, never that it is unknown."""
+    import subprocess
+    import sys
+    code = ("import threading, hccc.runtime.cpu\n"
+            "from hccc.runtime.platform import get_platform, PlatformError\n"
+            "out = []\n"
+            "def ask():\n"
+            "    try: get_platform('cuda')\n"
+            "    except PlatformError as e: out.append(str(e))\n"
+            "    else: out.append('ok')\n"
+            "ts = [threading.Thread(target=ask) for _ in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\n"
+            "print(sum('unknown backend' in o for o in out), len(set(out)))\n")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert got.stdout.split() == ["0", "1"], (got.stdout, got.stderr)
+
+
+@needs_gxx
+def test_ranks_on_several_devices_of_one_process_may_write_each_others_memory():
+    """Ranks of one process on several devices reach each other's FIFOs by pointer: the job turns
+    on peer access among those devices once, before any call, as the single-process runner does
+    (a stand-in platform of two devices on the CPU emulation, its requests recorded), and its runs
+    are the collective's definition; a job on one device asks for none."""
+    from hccc.runtime.cpu import CpuPlatform
+    from hccc.runtime.local_job import LocalJob
+
+    class TwoDevices(CpuPlatform):
+        def device_count(self) -> int:
+            return 2
+
+        def set_device(self, index: int) -> None:
+            assert index in (0, 1)
+
+        def enable_peer_access(self, devices) -> None:
+            self.asked.append(list(devices))
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=64)
+    pf = TwoDevices()
+    pf.asked = []
+    try:
+        with LocalJob(ir, timeout_s=30, backend=pf) as job:
+            assert [c.device for c in job.comms] == [0, 1, 0, 1]
+            assert pf.asked == [[0, 1]]
+            assert job.run(40).ok
+            assert pf.asked == [[0, 1]]
+    finally:
+        pf.close()
+    one = TwoDevices()
+    one.asked, one.device_count = [], lambda: 1
+    try:
+        with LocalJob(ir, timeout_s=30, backend=one) as job:
+            assert [c.device for c in job.comms] == [0] * 4 and one.asked == []
+    finally:
+        one.close()
+
+
+@needs_gxx
+def test_a_job_on_a_platform_of_partial_residency_refuses_waits_once_and_a_grid_that_cannot_fit():
+    """The CPU emulation keeping one block of a launch resident at a time: a program whose blocks
+    wait on each other is refused before any rank is made, once, naming a wait (as the runner
+    refuses it), and with every block resident it runs; a one-grid launch of more blocks than
+    stay resident is refused as cooperative, and the job then launches each rank's own."""
+    from codegen_irs import ring_allgather, ring_allreduce
+    from hccc.runtime.cpu import CpuPlatform
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
+    ir = ring_allgather(3)           # TB 0 waits on TB 1's receives and TB 2's copy
+    ir.chunk_bytes = 32
+    one, two, three = (CpuPlatform(workers=2, resident_blocks=k) for k in (1, 2, 3))
+    try:
+        with pytest.raises(PlatformError) as err:
+            LocalJob(ir, timeout_s=30, backend=one, nthreads=1)
+        msg = str(err.value)
+        assert msg.startswith("cannot run ring_ag with at most 1 block of a rank resident at once: "), msg
+        assert msg.count("cannot run") == 1 and "HCCC_CPU_RESIDENT_BLOCKS" in msg
+        with LocalJob(ir, timeout_s=30, backend=three, nthreads=1) as job:
+            assert job.run(300).ok
+        ar = ring_allreduce(4)
+        ar.chunk_bytes = 64
+        with LocalJob(ar, timeout_s=30, backend=two, nthreads=1) as job:
+            with pytest.raises(CommunicatorError, match="as one grid: the launch is cooperative"):
+                job.collective([np.ones(8, np.float32)] * 4, 8, together=True, one_grid=True)
+            assert not job.grid_usable("float32", "sum")
+            assert job.run(40, one_grid=None).ok
+    finally:
+        for pf in (one, two, three):
+            pf.close()
+
+
+@needs_gxx
+def test_fifos_that_could_not_grow_fail_the_call_at_once_and_the_job_says_why_after():
+    """A reallocation of the FIFOs that fails half-way on one rank (out of memory): every rank's
+    call fails at once with that reason (not after the peers' timeout), and every later call is
+    refused saying why the job cannot run again (not run on FIFOs half gone), as the runner says
+    it; closing the job frees what it holds."""
+    from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=1 << 16)
+    with LocalJob(ir, timeout_s=30, fifo_capacity=64) as job:
+        assert job.run(48).ok
+
+        def out_of_memory(*_a, **_k):
+            raise PlatformError("out of memory allocating 1 bytes")
+        job.comms[1]._owned.exported = out_of_memory
+        t0 = time.monotonic()
+        with pytest.raises(CommunicatorError) as err:
+            job.run(1 << 15)
+        assert time.monotonic() - t0 < 10, "the peers waited for the failed rank"
+        text = str(err.value)
+        for r in range(3):
+            assert f"rank {r}: reallocating its FIFOs for slots of " in text, text
+        assert "out of memory allocating 1 bytes" in text
+        with pytest.raises(CommunicatorError, match="cannot run again: reallocating its FIFOs for slots of .* "
+                                                    "failed: .*out of memory"):
+            job.run(48)
