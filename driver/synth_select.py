@@ -597,7 +597,8 @@ class _Choices(SelectionLoop):
         jobs = [("trees first",)] if trees_first else []
         jobs.append(("method",))
         if compare:
-            jobs += [("classics",)] + ([("default",)] if default is not None else []) + [("search",)]
+            jobs += [("classics",)] + ([("root trees",)] if opts.collective == "allreduce" else [])
+            jobs += ([("default",)] if default is not None else []) + [("search",)]
         super().__init__(jobs, deadline)
         self.candidates = choices
 
@@ -609,7 +610,7 @@ class _Choices(SelectionLoop):
         for job in self.queue:
             if job[0] == "classic":
                 self.candidates.append(Choice(job[1], job[2], None, 0.0, "not simulated: time limit"))
-            elif job[0] in ("classics", "default", "search"):     # classics: hccc's generators, none made
+            elif job[0] in ("classics", "root trees", "default", "search"):     # classics: hccc's generators, none made
                 self.candidates.append(Choice(job[0], None, None, 0.0, "not made: time limit"))
 
     def step(self, job) -> None:
@@ -648,6 +649,8 @@ class _Choices(SelectionLoop):
                                           None if fd is not None else "not simulated: time limit"))
         elif kind == "search":
             self._search(t0)
+        elif kind == "root trees":
+            self._root_trees(t0)
         self.build_s = max(self.build_s, clock.now() - t0)
 
     # ------------------------------------------------------------ the candidates
@@ -723,6 +726,24 @@ class _Choices(SelectionLoop):
         for name, why in got.dropped:
             self.candidates.append(Choice(name, None, None, 0.0, why))
         self.queue.extendleft(reversed([("classic", name, res) for name, res in got.made]))
+
+    def _root_trees(self, t0: float) -> None:
+        """AllReduce by reduce and broadcast trees of a few roots
+        (:mod:`hccc.compiler.synth.root_trees`), within ``--for``'s engine where given: its
+        fastest program in the link model, then the next while it is afforded."""
+        from hccc.compiler.synth.root_trees import root_tree_candidates
+        from hccc.synth_engines import transfers_check
+
+        self.phase.update("reduce and broadcast trees of a few roots")
+        engine = transfers_check(self.opts.engine, self.topo) if self.opts.engine else None
+        until = self.deadline - min(self.sims.time_left / 2, 3 * self.sims.longest_s)
+        made, why = root_tree_candidates(self.topo, deadline=until, engine=engine)
+        if not made:
+            self.candidates.append(Choice("root trees", None, None, clock.now() - t0,
+                                          "; ".join(why) or "not made: time limit"))
+            return
+        self.queue.extendleft(reversed([("classic", f"root trees ({len(r.detail['roots'])} roots)", r)
+                                        for r in made]))
 
     def _search(self, t0: float) -> None:
         """The step search beside the programs in hand (the latency regime: bounded), or after a
