@@ -973,10 +973,15 @@ def _selection_report(choices: list, result, fraction, band: "Band | None" = Non
     ratio (None where no other was scored). Across a band (``band``): the runner-up by the band's
     rule, ``ratio`` its worst ratio over the band, and ``band`` (:func:`_band_report`)."""
     kept = next((c for c in choices if c.result is result), None)
+    # the limit binds where it dropped a candidate, and where it cut short the making of one that
+    # was not kept (its own report is not the written program's): either may change what is kept
+    cut = [c.name for c in choices if c.dropped and "time limit" in c.dropped]
+    cut += [f"{c.name} (made short: {'; '.join(c.result.detail['time_limit_cut'])})" for c in choices
+            if c.result is not None and c.result is not result and c.result.detail.get("time_limit_cut")]
     if band is not None:
         out = {"rule": BAND_RULE_TEXT, "kept": kept.name if kept is not None else None,
                "candidates": [c.as_dict(fraction) for c in choices],
-               "time_limit_cut": [c.name for c in choices if c.dropped and "time limit" in c.dropped]}
+               "time_limit_cut": cut}
         out["band"] = _band_report(band, kept)
         run = next((b for b in band.ranked if band.choices[b.index] is not kept), None)
         out["runner_up"] = None if run is None else {"candidate": run.name, "ratio": run.worst}
@@ -985,7 +990,7 @@ def _selection_report(choices: list, result, fraction, band: "Band | None" = Non
     runner = others[0] if others else None
     return {"rule": SCORE_RULE, "kept": kept.name if kept is not None else None,
             "candidates": [c.as_dict(fraction) for c in choices],
-            "time_limit_cut": [c.name for c in choices if c.dropped and "time limit" in c.dropped],
+            "time_limit_cut": cut,
             "runner_up": None if runner is None else {"candidate": runner.name,
                                                       "ratio": (fraction / runner.fraction) if fraction else None}}
 

@@ -1034,10 +1034,13 @@ class _Selection(SelectionLoop):
         if k_fit == 1 and any(v[0] == 1 and v[2] == job.joint for v in self.variants):
             k_fit = 0                    # the one-chunk packing is a candidate already
         again = self._reround(pk, k_fit) if k_fit and st.deadline - clock.now() > 0 else None
+        if k_fit and st.deadline - clock.now() <= 0:
+            st.cut_by_limit.append(f"re-rounding to {k_fit} chunks per rank (resident blocks) skipped")
         # the scaling is an estimate (the trees of another rounding differ): more chunks
         # whose rounded trees still fit, counted exactly, are taken where there are such
         for k in sorted((c for c in CHUNK_CANDIDATES if max(1, k_fit) < c < job.chunks), reverse=True):
             if st.deadline - clock.now() <= 0:
+                st.cut_by_limit.append(f"re-rounding to {k} chunks per rank (resident blocks) skipped")
                 break
             more = self._reround(pk, k)
             if more is not None and more.chunks > (k_fit if again is None else again.chunks) and \
@@ -1056,6 +1059,9 @@ class _Selection(SelectionLoop):
         pk.engine_refitted = True
         k = max((c for c in CHUNK_CANDIDATES if c < job.chunks), default=0)
         again = self._reround(pk, k) if k and self.st.deadline - clock.now() > 0 else None
+        if k and self.st.deadline - clock.now() <= 0:
+            # the time limit, not the engine, ended the fitting: the report says so
+            self.st.cut_by_limit.append(f"re-rounding to {k} chunks per rank for the engine skipped")
         if again is not None and again.chunks < job.chunks:
             self.queue.appendleft(Job(again.chunks, again, job.joint, job.shape))
 
