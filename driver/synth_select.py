@@ -580,7 +580,10 @@ class _Choices(SelectionLoop):
 
     Jobs, in order: the tree packing where it builds the collective and ``auto`` picked the search
     (first: its program is the one to beat, made in seconds, within :data:`TREES_BESIDE_SHARE` of
-    the time left), the method's program, the classic generators that fit the cluster (each a job
+    the time left), the method's program (for an engine's AllReduce the tree packing within that
+    share too), for AllReduce the reduce and broadcast trees of a few roots
+    (:mod:`hccc.compiler.synth.root_trees`, within the engine's limits; each candidate made a job
+    of its own), the classic generators that fit the cluster (each a job
     of its own), the default program (what ``hccc synth`` writes without ``--size``, where
     ``default`` gives it), and the step search: beside programs in hand, greedy only (bounded by
     its own work, so the same on every machine: it must not take the whole limit from programs
@@ -597,7 +600,7 @@ class _Choices(SelectionLoop):
         jobs = [("trees first",)] if trees_first else []
         jobs.append(("method",))
         if compare:
-            jobs += [("classics",)] + ([("root trees",)] if opts.collective == "allreduce" else [])
+            jobs += ([("root trees",)] if opts.collective == "allreduce" else []) + [("classics",)]
             jobs += ([("default",)] if default is not None else []) + [("search",)]
         super().__init__(jobs, deadline)
         self.candidates = choices
@@ -625,7 +628,16 @@ class _Choices(SelectionLoop):
                 self.candidates.append(Choice("trees", None, None, clock.now() - t0, str(exc).splitlines()[0]))
         elif kind == "method":
             if not any(c.fraction is not None or c.result is not None for c in self.candidates):
-                self._first(self.method, self.deadline, t0)
+                until = self.deadline
+                if self.compare and self.opts.engine and self.opts.collective == "allreduce" and \
+                        self.method == "trees":
+                    # for an engine the packing's AllReduce has a stream of every rank's trees
+                    # through every rank, which the engine's limits cut to a few pieces a chunk
+                    # (64 GPUs, the MSCCL executor: 0.35 of the cut bound, its packing 45 s of a
+                    # 60 s limit under load); the reduce and broadcast trees of a few roots that
+                    # fit it get the rest of the time
+                    until = clock.now() + max(0.0, self.deadline - clock.now()) * TREES_BESIDE_SHARE
+                self._first(self.method, until, t0)
             # else the trees came first in the latency regime: the search is its own job, bounded
         elif kind == "classics":
             self._classics()

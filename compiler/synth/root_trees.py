@@ -57,19 +57,25 @@ from hccc.util import clock
 ROOT_COUNTS = (2, 4, 8)
 #: the chunks per rank a program may have (``nChunksPerRank``): the fewest whose chunk ids cut into
 #: the streams (:func:`chunks_for`)
-CHUNKS_PER_RANK = (1, 2, 4, 8, 16)
+CHUNKS_PER_RANK = tuple(range(1, 17))
 #: streams per root tried, fewest first. A stream is a run of chunk ids on one tree, on a channel
 #: of its own on every pair: all streams carry as many chunk ids, so the links' fair shares give
 #: every stream its planned rate (ho_8x4_mesh, 2 roots, a channel per *tree* carrying unequal
 #: counts: 0.742 of the cut bound simulated against 0.971 in the link model; equal streams: the
 #: simulation within 2 % of the link model). An engine's thread blocks grow with the streams (one
 #: per connection end), its operations per block with the chunk ids a stream carries
-STREAMS = (2, 4, 8, 16)
-#: shares of the busiest rank's connection ends the LP is packed again under where an engine
-#: refuses a rounding (ho_8x4_mesh for MSCCL++, 4 roots of 4 streams: 119 thread blocks on the
-#: busiest rank, 0.962 of the cut bound in the link model; capped at 0.8 of its ends, 0.889 and
-#: accepted, 0.869 simulated)
-ENDS_SHARES = (0.9, 0.8, 0.7)
+STREAMS = (2, 3, 4, 5, 6, 8, 12, 16)
+#: stream counts in a row an engine refuses at every share of :data:`ENDS_SHARES` before no more
+#: are tried: its thread blocks grow with the streams, but a rounding's busiest rank varies from
+#: one count to the next (ho_8x4_mesh, 4 roots, MSCCL++: 3 streams accepted as packed, 0.914 of
+#: the cut bound simulated; 4 streams only at 0.85 of the ends)
+REFUSED_STREAMS = 2
+#: shares of the busiest rank's connection ends (:func:`tree_ends`, the LP's trees by weight) the
+#: LP is packed again under where a rounding is refused, each LP made once and rounded at every
+#: stream count (ho_8x4_mesh for MSCCL++, 4 roots of 4 streams: 119 thread blocks on the busiest
+#: rank as packed, 0.962 of the cut bound in the link model; with the ends capped, 109 thread blocks
+#: at 0.9 and accepted at 0.85: 0.926, 0.904 simulated)
+ENDS_SHARES = (0.95, 0.9, 0.85, 0.8, 0.75)
 
 
 @dataclass
@@ -245,17 +251,28 @@ def chunks_for(nranks: int, roots: int, streams: int) -> int:
     return next((k for k in sorted(CHUNKS_PER_RANK) if (nranks * k) % (roots * streams) == 0), 0)
 
 
+def tree_ends(rt: RootTrees) -> np.ndarray:
+    """Every rank's tree arcs (a connection end each in a program), summed over the trees by
+    weight: per stream of every root, what a rank's connection ends are on average."""
+    out = np.zeros(rt.nranks)
+    for (_, _, par), y in zip(rt.trees, rt.weights):
+        v = np.flatnonzero(par >= 0)
+        np.add.at(out, v, y)
+        np.add.at(out, par[v], y)
+    return out
+
+
 def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadline: float,
                        engine=None, root_counts=ROOT_COUNTS) -> tuple[list, list]:
     """The candidates of the module docstring, ``(programs, why others were not made)``, the
-    programs fastest in the link model first: for each root count below the ranks, the LP once;
-    then for every stream count per root of :data:`STREAMS`, fewest first, its rounding, kept where
-    ``engine(rows)`` accepts it (None: every one is accepted); where the engine refuses it, the LP
-    again with every rank's connection ends capped at each share of :data:`ENDS_SHARES` of the
-    busiest rank's (:func:`pack_root_trees`' ``ends``); the stream counts stop at the first the
-    engine refuses at every share. Per root count the fastest accepted program is a candidate."""
-    from hccc.compiler.synth.forest import blocks_per_rank
-
+    programs fastest in the link model first. For each root count below the ranks: the LP, and
+    (only where ``engine`` refuses a rounding of it) the LP again with every rank's connection
+    ends capped at each share of :data:`ENDS_SHARES` of the busiest rank's (:func:`tree_ends`,
+    :func:`pack_root_trees`' ``ends``), each made once; then for every stream count per root of
+    :data:`STREAMS`, fewest first, the first of those LPs whose rounding ``engine(rows)`` accepts
+    (None: every rounding is accepted), until :data:`REFUSED_STREAMS` stream counts in a row are
+    refused by all of them. Per root count the accepted program fastest in the link model is a
+    candidate."""
     n = net.nranks
     made, why = [], []
     for k in root_counts:
@@ -263,34 +280,36 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
             continue
         roots = spread_roots(net, k)
         try:
-            free = pack_root_trees(net, roots, pair_bw=pair_bw, deadline=deadline)
+            lps = [pack_root_trees(net, roots, pair_bw=pair_bw, deadline=deadline)]
         except ValueError as exc:          # a root no tree spans (PackingError)
             why.append(f"{k} roots: {str(exc).splitlines()[0]}")
             continue
-        best = None
+        busiest = float(tree_ends(lps[0]).max())
+        shares = (None,) + ENDS_SHARES
+        best, refused = None, 0
         for s in STREAMS:
             kc = chunks_for(n, k, s)
-            if not kc or clock.now() > deadline:
+            if not kc:
                 continue
             b = n * kc // (k * s)
-            got, rt, share = None, free, None
-            for share in (None,) + (ENDS_SHARES if engine is not None else ()):
-                if share is not None:
+            got = None
+            for i, share in enumerate(shares):
+                if i == len(lps):
                     if clock.now() > deadline:
                         break
-                    rt = pack_root_trees(net, roots, pair_bw=pair_bw, deadline=deadline,
-                                         ends=np.full(n, busiest * share / s))
+                    lps.append(pack_root_trees(net, roots, pair_bw=pair_bw, deadline=deadline,
+                                               ends=np.full(n, busiest * share)))
+                rt = lps[i]
                 counts = round_root_trees(rt, s)
                 rows = root_tree_rows(rt, counts, b)
-                if share is None:
-                    busiest = float((blocks_per_rank(rows, n) - 1).max())
                 if engine is None or engine(rows) is None:
                     got = RootTreeProgram(rows, kc, roots, s, b, share, rounded_time(rt, counts, s) / k)
                     break
-            if got is None:
-                break
-            if best is None or got.seconds_per_byte < best.seconds_per_byte * (1 - 1e-9):
+            refused = 0 if got is not None else refused + 1
+            if got is not None and (best is None or got.seconds_per_byte < best.seconds_per_byte * (1 - 1e-9)):
                 best = got
+            if refused >= REFUSED_STREAMS or clock.now() > deadline:
+                break
         if best is None:
             why.append(f"{k} roots: the engine refuses every stream count")
         else:
@@ -309,9 +328,19 @@ def root_tree_candidates(topo, *, deadline: float, engine=None) -> tuple[list, l
     from hccc.compiler.synth.packing import pair_bandwidth
     from hccc.compiler.synth.problem import network_from_topology
 
+    from hccc.compiler.synth.forest import blocks_per_rank, resident_blocks
+
     t0 = clock.now()
     net = network_from_topology(topo)
-    progs, why = root_tree_programs(net, pair_bw=pair_bandwidth(topo), deadline=deadline, engine=engine)
+    most = resident_blocks(topo.rank_vendor)
+
+    def check(rows) -> str | None:
+        # the engine's limits where given, else hccc's own: every thread block resident at once
+        if engine is not None:
+            return engine(rows)
+        busiest = int(blocks_per_rank(rows, net.nranks).max())
+        return None if most is None or busiest <= most else f"{busiest} thread blocks on a rank, {most} resident"
+    progs, why = root_tree_programs(net, pair_bw=pair_bandwidth(topo), deadline=deadline, engine=check)
     lb = 2 * _distance_bound(net)
     out = []
     for p in progs:
@@ -322,5 +351,5 @@ def root_tree_candidates(topo, *, deadline: float, engine=None) -> tuple[list, l
     return out, why
 
 
-__all__ = ["root_tree_candidates", "CHUNKS_PER_RANK", "ENDS_SHARES", "STREAMS", "chunks_for", "with_end_groups", "ROOT_COUNTS", "RootTreeProgram", "RootTrees", "pack_root_trees",
+__all__ = ["root_tree_candidates", "CHUNKS_PER_RANK", "ENDS_SHARES", "REFUSED_STREAMS", "STREAMS", "chunks_for", "tree_ends", "with_end_groups", "ROOT_COUNTS", "RootTreeProgram", "RootTrees", "pack_root_trees",
            "root_tree_programs", "root_tree_rows", "round_root_trees", "rounded_time", "spread_roots"]
