@@ -51,6 +51,13 @@ AUTO_SEARCH_LEAST_S = 2.0
 #: (AllReduce) the packing's program is made in 2-9 s (1.6 s on an idle machine) and runs at
 #: 12.7 us, where the search given the whole 30 s limit ran into it and wrote 32.2 us
 TREES_BESIDE_SHARE = 0.5
+#: for an engine's AllReduce on more GPUs than this, the tree packing's program is made within
+#: :data:`TREES_BESIDE_SHARE` of the time, the rest left to the reduce and broadcast trees of a few
+#: roots and the generators: on 64 GPUs (ho_8x8_switch, the MSCCL executor, 60 s under load) the
+#: packing took 45 s and wrote 0.35 of the cut bound, leaving the roots' trees unsimulated (0.80
+#: within the share); on 24 GPUs (ho_3x8_switch) the share cut the packing's engine fitting short
+#: (0.73 of the bound before, the roots' trees' 0.68 kept)
+ROOT_TREES_SHARE_ABOVE = 32
 #: how candidates are compared: the simulated time at the size asked (``--size``, else
 #: ``--select-size``) alone, the fastest kept; the report gives every other's ratio to it
 SCORE_RULE = "the simulated time at the size asked"
@@ -630,7 +637,7 @@ class _Choices(SelectionLoop):
             if not any(c.fraction is not None or c.result is not None for c in self.candidates):
                 until = self.deadline
                 if self.compare and self.opts.engine and self.opts.collective == "allreduce" and \
-                        self.method == "trees":
+                        self.method == "trees" and self.topo.nranks > ROOT_TREES_SHARE_ABOVE:
                     # for an engine the packing's AllReduce has a stream of every rank's trees
                     # through every rank, which the engine's limits cut to a few pieces a chunk
                     # (64 GPUs, the MSCCL executor: 0.35 of the cut bound, its packing 45 s of a

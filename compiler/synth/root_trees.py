@@ -21,8 +21,8 @@ the LP's prices, rail trees beside). Its optimum is at least the AllReduce's bou
 
 **Rounding.** ``S`` streams per root: each root's in-tree weights and out-tree weights are rounded
 to ``S`` by largest remainders and repaired (:func:`.rounding._round_counts`,
-:func:`.balancing._repair`, the AllGather packing's own), and where that misses the LP, by the
-packing's MILP over the same trees (:func:`roundings`), so a stream follows one in-tree and one
+:func:`.balancing._repair`, the AllGather packing's own), and where that misses the LP and an
+engine accepts it, by the packing's MILP over the same trees where faster (:func:`milp_rounding`), so a stream follows one in-tree and one
 out-tree of its root.
 
 **Rows.** Chunk id ``c`` of root ``r`` is reduced up its in-tree (``rrc``: a rank's children
@@ -76,7 +76,7 @@ REFUSED_STREAMS = 2
 #: stream count (ho_8x4_mesh for MSCCL++, 4 roots of 4 streams: 119 thread blocks on the busiest
 #: rank as packed, 0.962 of the cut bound in the link model; with the ends capped, 109 thread blocks
 #: at 0.9 and accepted at 0.85: 0.926, 0.904 simulated)
-ENDS_SHARES = (0.95, 0.9, 0.85, 0.8, 0.75)
+ENDS_SHARES = (0.9, 0.85, 0.8)
 
 
 @dataclass
@@ -183,26 +183,21 @@ def _root_keys(rt: RootTrees) -> np.ndarray:
     return np.array([r + rt.nranks * rev for r, rev, _ in rt.trees], np.int64)
 
 
-def roundings(rt: RootTrees, per_root: int) -> list:
-    """The roundings of ``rt`` to ``per_root`` streams a root and direction worth trying, best in
-    the link model first: where :func:`round_root_trees` misses the LP by more than
-    :data:`.rounding.ROUND_TOL`, the counts of the AllGather packing's MILP over the same trees
-    first where they are faster (:func:`.rounding._milp_counts`, its node limit
-    :data:`.rounding.ROUND_MILP_NODES` deciding), then the repaired ones (which an engine may accept
-    where it refuses the MILP's)."""
+def milp_rounding(rt: RootTrees, per_root: int, counts: np.ndarray) -> np.ndarray | None:
+    """Where ``counts`` (:func:`round_root_trees`) miss the LP by more than
+    :data:`.rounding.ROUND_TOL`: the counts of the AllGather packing's MILP over the same trees
+    where they are faster (:func:`.rounding._milp_counts`, its node limit
+    :data:`.rounding.ROUND_MILP_NODES` deciding), else None."""
     from hccc.compiler.synth.packing import ROUND_MILP_EACH
     from hccc.compiler.synth.rounding import ROUND_MILP_NODES, ROUND_TOL, _milp_counts
 
-    counts = round_root_trees(rt, per_root)
     t = rounded_time(rt, counts, per_root)
     if t <= rt.lp_time * (1 + ROUND_TOL) or not len(rt.trees):
-        return [counts]
+        return None
     got = _milp_counts(_root_keys(rt), rt.load, rt.capn, int(per_root), ROUND_MILP_EACH,
                        target=t * rt.scale * (1 - 1e-9), gap=ROUND_TOL, nodes=ROUND_MILP_NODES,
                        floor=rt.lp_time * rt.scale)
-    if got is not None and rounded_time(rt, got, per_root) < t * (1 - 1e-9):
-        return [got, counts]
-    return [counts]
+    return got if got is not None and rounded_time(rt, got, per_root) < t * (1 - 1e-9) else None
 
 
 def rounded_time(rt: RootTrees, counts: np.ndarray, per_root: int) -> float:
@@ -327,12 +322,17 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
                     lps.append(pack_root_trees(net, roots, pair_bw=pair_bw, deadline=deadline,
                                                ends=np.full(n, busiest * share)))
                 rt = lps[i]
-                for counts in roundings(rt, s):
-                    rows = root_tree_rows(rt, counts, b)
-                    if engine is None or engine(rows) is None:
-                        got = RootTreeProgram(rows, kc, roots, s, b, share, rounded_time(rt, counts, s) / k)
-                        break
-                if got is not None:
+                counts = round_root_trees(rt, s)
+                rows = root_tree_rows(rt, counts, b)
+                if engine is None or engine(rows) is None:
+                    # accepted: the MILP's counts where faster and accepted too (the MILP only
+                    # where the engine took the repaired counts: it costs up to a second a call)
+                    better = milp_rounding(rt, s, counts) if clock.now() < deadline else None
+                    if better is not None:
+                        rows2 = root_tree_rows(rt, better, b)
+                        if engine is None or engine(rows2) is None:
+                            counts, rows = better, rows2
+                    got = RootTreeProgram(rows, kc, roots, s, b, share, rounded_time(rt, counts, s) / k)
                     break
             refused = 0 if got is not None else refused + 1
             if got is not None and (best is None or got.seconds_per_byte < best.seconds_per_byte * (1 - 1e-9)):
@@ -380,5 +380,5 @@ def root_tree_candidates(topo, *, deadline: float, engine=None) -> tuple[list, l
     return out, why
 
 
-__all__ = ["root_tree_candidates", "CHUNKS_PER_RANK", "ENDS_SHARES", "REFUSED_STREAMS", "STREAMS", "chunks_for", "roundings", "tree_ends", "with_end_groups", "ROOT_COUNTS", "RootTreeProgram", "RootTrees", "pack_root_trees",
+__all__ = ["root_tree_candidates", "CHUNKS_PER_RANK", "ENDS_SHARES", "REFUSED_STREAMS", "STREAMS", "chunks_for", "milp_rounding", "tree_ends", "with_end_groups", "ROOT_COUNTS", "RootTreeProgram", "RootTrees", "pack_root_trees",
            "root_tree_programs", "root_tree_rows", "round_root_trees", "rounded_time", "spread_roots"]
