@@ -152,3 +152,31 @@ def test_capping_connection_ends_caps_them_in_the_lp(share):
                                     ends=np.full(net.nranks, cap))
     assert (arcs(capped) <= cap * capped.lp_time / free.lp_time * (1 + 1e-6)).all()
     assert capped.lp_time >= free.lp_time * (1 - 1e-9)
+
+
+def test_the_xml_limits_hold_in_the_exported_xml():
+    """The same for the MSCCL executor: every candidate weighed by its check exports, and the XML
+    written keeps every GPU's thread blocks, every thread block's steps and the channels within
+    the runtime's limits (counted in the XML text)."""
+    import xml.etree.ElementTree as ET
+
+    from hccc.compiler.interop.msccl_export import export_algorithm
+    from hccc.compiler.interop.msccl_format import XmlLimits
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth.emit import to_algorithm
+    from hccc.synth_engines import transfers_check
+
+    topo = load_cluster(CLUSTERS / "v100_4_8.topo")
+    made, why = rt_mod.root_tree_candidates(topo, deadline=clock.now() + 120, engine=transfers_check("xml", topo))
+    assert made, why
+    lim = XmlLimits()
+    for res in made:
+        _, text = export_algorithm(to_algorithm(res, topo))
+        root = ET.fromstring(text)
+        gpus = root.findall("gpu")
+        assert len(gpus) == topo.nranks
+        for g in gpus:
+            tbs = g.findall("tb")
+            assert len(tbs) <= lim.max_tbs
+            assert all(len(tb.findall("step")) <= lim.max_steps for tb in tbs)
+            assert all(int(tb.get("chan")) < lim.max_channels for tb in tbs)
