@@ -180,3 +180,14 @@ def test_the_xml_limits_hold_in_the_exported_xml():
             assert len(tbs) <= lim.max_tbs
             assert all(len(tb.findall("step")) <= lim.max_steps for tb in tbs)
             assert all(int(tb.get("chan")) < lim.max_channels for tb in tbs)
+
+
+def test_what_the_deadline_leaves_is_said():
+    """A deadline already past makes nothing and says, for every root count, that the time limit
+    left it (the selection lists those as not made, so the report says the limit bound)."""
+    from hccc.compiler.pipeline import load_cluster
+
+    topo = load_cluster(CLUSTERS / "v100_4_8.topo")
+    made, why = rt_mod.root_tree_candidates(topo, deadline=clock.now() - 1.0)
+    assert made == []
+    assert why == [f"{k} roots: not made: time limit" for k in rt_mod.ROOT_COUNTS if k < topo.nranks]

@@ -16,14 +16,14 @@ the trees pipeline, and their weights round finely.
 representatives are the roots, each its own class): minimise ``T`` such that every root's in-trees
 and out-trees each carry its whole share and every pair and shared group fits its load in ``T``,
 solved by the same column generation (:func:`.packing_lp._column_generation`: Chu-Liu/Edmonds at
-the LP's prices, rail trees beside). Its optimum is at least the AllReduce's bound for any schedule
-(:func:`.bounds.allreduce_bound_seconds`): a program with more roots never does worse.
+the LP's prices, rail trees beside). Its optimum is never below the AllReduce's bound for any
+schedule (:func:`.bounds.allreduce_bound_seconds`).
 
 **Rounding.** ``S`` streams per root: each root's in-tree weights and out-tree weights are rounded
 to ``S`` by largest remainders and repaired (:func:`.rounding._round_counts`,
 :func:`.balancing._repair`, the AllGather packing's own), and where that misses the LP and an
-engine accepts it, by the packing's MILP over the same trees where faster (:func:`milp_rounding`), so a stream follows one in-tree and one
-out-tree of its root.
+engine accepts it, by the packing's MILP over the same trees where faster
+(:func:`milp_rounding`), so a stream follows one in-tree and one out-tree of its root.
 
 **Rows.** Chunk id ``c`` of root ``r`` is reduced up its in-tree (``rrc``: a rank's children
 reduce into it at distinct steps, :func:`.tree_rows._reduce_steps`), then broadcast down its
@@ -40,7 +40,7 @@ fastest.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -263,6 +263,8 @@ class RootTreeProgram:
     per_stream: int
     ends_share: float | None
     seconds_per_byte: float
+    #: what the deadline left undone while this root count's program was made (empty: nothing)
+    cut: list = field(default_factory=list)
 
     @property
     def detail(self) -> dict:
@@ -301,8 +303,12 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
     n = net.nranks
     made, why = [], []
     for k in root_counts:
-        if k >= n or clock.now() > deadline:
+        if k >= n:
             continue
+        if clock.now() > deadline:
+            why.append(f"{k} roots: not made: time limit")
+            continue
+        cut: list = []
         roots = spread_roots(net, k)
         try:
             lps = [pack_root_trees(net, roots, pair_bw=pair_bw, deadline=deadline)]
@@ -321,6 +327,7 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
             for i, share in enumerate(shares):
                 if i == len(lps):
                     if clock.now() > deadline:
+                        cut.append(f"{k} roots: the LP with the ends capped at {share} not made")
                         break
                     lps.append(pack_root_trees(net, roots, pair_bw=pair_bw, deadline=deadline,
                                                ends=np.full(n, busiest * share)))
@@ -331,6 +338,8 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
                     # accepted: the MILP's counts where faster and accepted too (the MILP only
                     # where the engine took the repaired counts: about half a second a call on
                     # 24 GPUs)
+                    if clock.now() >= deadline:
+                        cut.append(f"{k} roots, {s} streams: the MILP rounding not tried")
                     better = milp_rounding(rt, s, counts) if clock.now() < deadline else None
                     if better is not None:
                         rows2 = root_tree_rows(rt, better, b)
@@ -341,11 +350,17 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
             refused = 0 if got is not None else refused + 1
             if got is not None and (best is None or got.seconds_per_byte < best.seconds_per_byte * (1 - 1e-9)):
                 best = got
-            if refused >= REFUSED_STREAMS or clock.now() > deadline:
+            if refused >= REFUSED_STREAMS:
+                break
+            if clock.now() > deadline:
+                if s != STREAMS[-1]:
+                    cut.append(f"{k} roots: more than {s} streams not tried")
                 break
         if best is None:
-            why.append(f"{k} roots: the engine refuses every stream count")
+            why.append(f"{k} roots: not made: time limit" if cut else
+                       f"{k} roots: {'the engine refuses' if engine is not None else 'no rounding of'} every stream count")
             continue
+        best.cut = cut
         made.append(best)
     made.sort(key=lambda p: p.seconds_per_byte)
     return made, why
@@ -378,6 +393,8 @@ def root_tree_candidates(topo, *, deadline: float, engine=None) -> tuple[list, l
     out = []
     for p in progs:
         detail = {"method": "root trees", **p.detail, "engine_fitted": engine is not None}
+        if p.cut:
+            detail["time_limit_cut"] = list(p.cut)
         steps = int(p.rows[:, 2].max()) + 1 if len(p.rows) else 0
         out.append(SynthResult("allreduce", net.nranks, p.chunks_per_rank, None, p.rows, steps, min(lb, steps), [],
                                clock.now() - t0, net.name, detail=detail))
