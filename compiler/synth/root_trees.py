@@ -73,9 +73,10 @@ STREAMS = (2, 3, 4, 5, 6, 8, 12, 16)
 REFUSED_STREAMS = 2
 #: shares of the busiest rank's connection ends (:func:`tree_ends`, the LP's trees by weight) the
 #: LP is packed again under where a rounding is refused, each LP made once and rounded at every
-#: stream count (ho_8x4_mesh for MSCCL++, 4 roots of 4 streams: 119 thread blocks on the busiest
-#: rank as packed, 0.962 of the cut bound in the link model; with the ends capped, 109 thread blocks
-#: at 0.9 and accepted at 0.85: 0.926, 0.904 simulated)
+#: stream count (ho_8x4_mesh for MSCCL++: 4 roots of 4 streams as packed need 119 thread blocks on
+#: the busiest rank, 108 allowed, at 0.962 of the cut bound in the link model; packed with the ends
+#: capped, accepted at 0.926, 0.904 simulated; the table's run wrote 8 roots of 2 streams at 0.85:
+#: 0.945. Each share costs an LP per root count, about half a second on 24 GPUs under load)
 ENDS_SHARES = (0.9, 0.85, 0.8)
 
 
