@@ -191,3 +191,22 @@ def test_what_the_deadline_leaves_is_said():
     made, why = rt_mod.root_tree_candidates(topo, deadline=clock.now() - 1.0)
     assert made == []
     assert why == [f"{k} roots: not made: time limit" for k in rt_mod.ROOT_COUNTS if k < topo.nranks]
+
+
+@settings(max_examples=8, deadline=None)
+@given(topo=clusters(), most=st.integers(2, 12))
+def test_every_candidate_is_one_its_engine_check_accepts(topo, most):
+    """An engine that takes at most ``most`` transfers on a connection (a pair's on one channel):
+    every candidate made has no longer connection (recounted here on its rows), or none is made
+    and the reason says the engine refused."""
+    def engine(rows):
+        _, c = np.unique(rows[:, [0, 1, 5]], axis=0, return_counts=True)
+        return None if c.max() <= most else f"{int(c.max())} transfers on a connection"
+
+    if topo.nranks < 2:
+        return
+    made, why = rt_mod.root_tree_candidates(topo, deadline=clock.now() + 60, engine=engine)
+    for res in made:
+        _, c = np.unique(res.rows[:, [0, 1, 5]], axis=0, return_counts=True)
+        assert c.max() <= most
+    assert made or all("refuses" in w for w in why), why
