@@ -51,6 +51,13 @@ AUTO_SEARCH_LEAST_S = 2.0
 #: (AllReduce) the packing's program is made in 2-9 s (1.6 s on an idle machine) and runs at
 #: 12.7 us, where the search given the whole 30 s limit ran into it and wrote 32.2 us
 TREES_BESIDE_SHARE = 0.5
+#: for an engine's AllReduce on more GPUs than this, the tree packing's program is made within
+#: :data:`TREES_BESIDE_SHARE` of the time, the rest left to the reduce and broadcast trees of a few
+#: roots and the generators: on 64 GPUs (ho_8x8_switch, the MSCCL executor, 60 s under load) the
+#: packing took 45 s and wrote 0.35 of the cut bound, leaving the roots' trees unsimulated (0.80
+#: within the share); on 24 GPUs (ho_3x8_switch) the share cut the packing's engine fitting short
+#: (0.73 of the bound before, the roots' trees' 0.68 kept)
+ROOT_TREES_SHARE_ABOVE = 32
 #: how candidates are compared: the simulated time at the size asked (``--size``, else
 #: ``--select-size``) alone, the fastest kept; the report gives every other's ratio to it
 SCORE_RULE = "the simulated time at the size asked"
@@ -580,7 +587,10 @@ class _Choices(SelectionLoop):
 
     Jobs, in order: the tree packing where it builds the collective and ``auto`` picked the search
     (first: its program is the one to beat, made in seconds, within :data:`TREES_BESIDE_SHARE` of
-    the time left), the method's program, the classic generators that fit the cluster (each a job
+    the time left), the method's program (for an engine's AllReduce the tree packing within that
+    share too), for AllReduce the reduce and broadcast trees of a few roots
+    (:mod:`hccc.compiler.synth.root_trees`, within the engine's limits; each candidate made a job
+    of its own), the classic generators that fit the cluster (each a job
     of its own), the default program (what ``hccc synth`` writes without ``--size``, where
     ``default`` gives it), and the step search: beside programs in hand, greedy only (bounded by
     its own work, so the same on every machine: it must not take the whole limit from programs
@@ -597,7 +607,8 @@ class _Choices(SelectionLoop):
         jobs = [("trees first",)] if trees_first else []
         jobs.append(("method",))
         if compare:
-            jobs += [("classics",)] + ([("default",)] if default is not None else []) + [("search",)]
+            jobs += ([("root trees",)] if opts.collective == "allreduce" else []) + [("classics",)]
+            jobs += ([("default",)] if default is not None else []) + [("search",)]
         super().__init__(jobs, deadline)
         self.candidates = choices
 
@@ -609,7 +620,7 @@ class _Choices(SelectionLoop):
         for job in self.queue:
             if job[0] == "classic":
                 self.candidates.append(Choice(job[1], job[2], None, 0.0, "not simulated: time limit"))
-            elif job[0] in ("classics", "default", "search"):     # classics: hccc's generators, none made
+            elif job[0] in ("classics", "root trees", "default", "search"):     # classics: hccc's generators, none made
                 self.candidates.append(Choice(job[0], None, None, 0.0, "not made: time limit"))
 
     def step(self, job) -> None:
@@ -624,7 +635,16 @@ class _Choices(SelectionLoop):
                 self.candidates.append(Choice("trees", None, None, clock.now() - t0, str(exc).splitlines()[0]))
         elif kind == "method":
             if not any(c.fraction is not None or c.result is not None for c in self.candidates):
-                self._first(self.method, self.deadline, t0)
+                until = self.deadline
+                if self.compare and self.opts.engine and self.opts.collective == "allreduce" and \
+                        self.method == "trees" and self.topo.nranks > ROOT_TREES_SHARE_ABOVE:
+                    # for an engine the packing's AllReduce has a stream of every rank's trees
+                    # through every rank, which the engine's limits cut to a few pieces a chunk
+                    # (64 GPUs, the MSCCL executor: 0.35 of the cut bound, its packing 45 s of a
+                    # 60 s limit under load); the reduce and broadcast trees of a few roots that
+                    # fit it get the rest of the time
+                    until = clock.now() + max(0.0, self.deadline - clock.now()) * TREES_BESIDE_SHARE
+                self._first(self.method, until, t0)
             # else the trees came first in the latency regime: the search is its own job, bounded
         elif kind == "classics":
             self._classics()
@@ -648,6 +668,8 @@ class _Choices(SelectionLoop):
                                           None if fd is not None else "not simulated: time limit"))
         elif kind == "search":
             self._search(t0)
+        elif kind == "root trees":
+            self._root_trees(t0)
         self.build_s = max(self.build_s, clock.now() - t0)
 
     # ------------------------------------------------------------ the candidates
@@ -723,6 +745,28 @@ class _Choices(SelectionLoop):
         for name, why in got.dropped:
             self.candidates.append(Choice(name, None, None, 0.0, why))
         self.queue.extendleft(reversed([("classic", name, res) for name, res in got.made]))
+
+    def _root_trees(self, t0: float) -> None:
+        """AllReduce by reduce and broadcast trees of a few roots
+        (:mod:`hccc.compiler.synth.root_trees`), within ``--for``'s engine where given: its
+        fastest program in the link model, then the next while it is afforded."""
+        from hccc.compiler.synth.root_trees import root_tree_candidates
+        from hccc.synth_engines import transfers_check
+
+        self.phase.update("reduce and broadcast trees of a few roots")
+        engine = transfers_check(self.opts.engine, self.topo) if self.opts.engine else None
+        until = self.deadline - min(self.sims.time_left / 2, 3 * self.sims.longest_s)
+        made, why = root_tree_candidates(self.topo, deadline=until, engine=engine)
+        for w in why:       # root counts the limit left unmade: listed, so the report says it bound
+            if w.endswith("not made: time limit"):
+                self.candidates.append(Choice(f"root trees ({w.split(' roots')[0]} roots)", None, None, 0.0,
+                                              "not made: time limit"))
+        if not made:
+            self.candidates.append(Choice("root trees", None, None, clock.now() - t0,
+                                          "; ".join(why) or "not made: time limit"))
+            return
+        self.queue.extendleft(reversed([("classic", f"root trees ({len(r.detail['roots'])} roots)", r)
+                                        for r in made]))
 
     def _search(self, t0: float) -> None:
         """The step search beside the programs in hand (the latency regime: bounded), or after a
@@ -952,10 +996,15 @@ def _selection_report(choices: list, result, fraction, band: "Band | None" = Non
     ratio (None where no other was scored). Across a band (``band``): the runner-up by the band's
     rule, ``ratio`` its worst ratio over the band, and ``band`` (:func:`_band_report`)."""
     kept = next((c for c in choices if c.result is result), None)
+    # the limit binds where it dropped a candidate, and where it cut short the making of one that
+    # was not kept (its own report is not the written program's): either may change what is kept
+    cut = [c.name for c in choices if c.dropped and "time limit" in c.dropped]
+    cut += [f"{c.name} (made short: {'; '.join(c.result.detail['time_limit_cut'])})" for c in choices
+            if c.result is not None and c.result is not result and c.result.detail.get("time_limit_cut")]
     if band is not None:
         out = {"rule": BAND_RULE_TEXT, "kept": kept.name if kept is not None else None,
                "candidates": [c.as_dict(fraction) for c in choices],
-               "time_limit_cut": [c.name for c in choices if c.dropped and "time limit" in c.dropped]}
+               "time_limit_cut": cut}
         out["band"] = _band_report(band, kept)
         run = next((b for b in band.ranked if band.choices[b.index] is not kept), None)
         out["runner_up"] = None if run is None else {"candidate": run.name, "ratio": run.worst}
@@ -964,7 +1013,7 @@ def _selection_report(choices: list, result, fraction, band: "Band | None" = Non
     runner = others[0] if others else None
     return {"rule": SCORE_RULE, "kept": kept.name if kept is not None else None,
             "candidates": [c.as_dict(fraction) for c in choices],
-            "time_limit_cut": [c.name for c in choices if c.dropped and "time limit" in c.dropped],
+            "time_limit_cut": cut,
             "runner_up": None if runner is None else {"candidate": runner.name,
                                                       "ratio": (fraction / runner.fraction) if fraction else None}}
 

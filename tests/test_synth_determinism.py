@@ -155,3 +155,21 @@ def test_an_integral_packing_the_clock_ended_is_said(monkeypatch):
     monkeypatch.setattr(br, "SECONDS", 0.0)
     starved = tr.pack_trees(net, min_chunks=3, max_chunks=3)
     assert not starved.stats.get("integral") and starved.stats["rounding_stopped_by_clock"] == [3]
+
+
+def test_a_candidate_made_short_by_the_limit_is_reported_though_another_is_kept():
+    """The limit may cut short the making of a candidate that is then not kept (the tree packing
+    under load losing its one-chunk packing, hm kept instead): the selection's ``time_limit_cut``
+    names it, so the report says the limit bound, as it does for candidates not made at all."""
+    from types import SimpleNamespace
+
+    from hccc.synth_select import Choice, _selection_report
+
+    kept = SimpleNamespace(detail={})
+    short = SimpleNamespace(detail={"time_limit_cut": ["one-chunk packing skipped"]})
+    whole = SimpleNamespace(detail={})
+    choices = [Choice("trees", short, 0.80), Choice("hm", kept, 0.85), Choice("ring", whole, 0.5)]
+    rep = _selection_report(choices, kept, 0.85)
+    assert rep["time_limit_cut"] == ["trees (made short: one-chunk packing skipped)"]
+    # nothing cut: nothing said
+    assert _selection_report([Choice("trees", whole, 0.8), Choice("hm", kept, 0.85)], kept, 0.85)["time_limit_cut"] == []

@@ -1034,10 +1034,13 @@ class _Selection(SelectionLoop):
         if k_fit == 1 and any(v[0] == 1 and v[2] == job.joint for v in self.variants):
             k_fit = 0                    # the one-chunk packing is a candidate already
         again = self._reround(pk, k_fit) if k_fit and st.deadline - clock.now() > 0 else None
+        if k_fit and st.deadline - clock.now() <= 0:
+            st.cut_by_limit.append(f"re-rounding to {k_fit} chunks per rank (resident blocks) skipped")
         # the scaling is an estimate (the trees of another rounding differ): more chunks
         # whose rounded trees still fit, counted exactly, are taken where there are such
         for k in sorted((c for c in CHUNK_CANDIDATES if max(1, k_fit) < c < job.chunks), reverse=True):
             if st.deadline - clock.now() <= 0:
+                st.cut_by_limit.append(f"re-rounding to {k} chunks per rank (resident blocks) skipped")
                 break
             more = self._reround(pk, k)
             if more is not None and more.chunks > (k_fit if again is None else again.chunks) and \
@@ -1056,6 +1059,9 @@ class _Selection(SelectionLoop):
         pk.engine_refitted = True
         k = max((c for c in CHUNK_CANDIDATES if c < job.chunks), default=0)
         again = self._reround(pk, k) if k and self.st.deadline - clock.now() > 0 else None
+        if k and self.st.deadline - clock.now() <= 0:
+            # the time limit, not the engine, ended the fitting: the report says so
+            self.st.cut_by_limit.append(f"re-rounding to {k} chunks per rank for the engine skipped")
         if again is not None and again.chunks < job.chunks:
             self.queue.appendleft(Job(again.chunks, again, job.joint, job.shape))
 
@@ -1090,7 +1096,9 @@ class _Selection(SelectionLoop):
         # simulated too (two MI250 nodes' ReduceScatter: 12 chunks per rank at 4 warps,
         # 751 blocks, 0.813 of the bound)
         k_full = chunks_to_fit(job.chunks, own, st.max_blocks) if st.max_blocks and st.resident is not None else 0
-        if 0 < k_full < cand[0].chunks and st.deadline - clock.now() > 0:
+        if 0 < k_full < cand[0].chunks and st.deadline - clock.now() <= 0:
+            st.cut_by_limit.append(f"re-rounding to {k_full} chunks per rank (full warps) skipped")
+        elif 0 < k_full < cand[0].chunks:
             full = self._reround(pk, k_full)
             if full is not None and full.chunks < cand[0].chunks:
                 full.refitted = True
@@ -1106,8 +1114,15 @@ class _Selection(SelectionLoop):
         and integral trees their LP's rounding (AllGather / ReduceScatter, with time left)."""
         st = self.st
         short = sc is not None and not job.joint and st.coll != "allreduce" and \
-            sc > pk.model_time() * st.per_rank * (1 + FEWER_STREAMS_ABOVE) and \
-            clock.now() + 3 * self.build_s < st.deadline
+            sc > pk.model_time() * st.per_rank * (1 + FEWER_STREAMS_ABOVE)
+        would = short and ((not pk.halved and job.chunks > 1 and sc < pk.thinned_from) or
+                           (not pk.alternated and all(p.alternative is not None for p in pk.values())))
+        if would and clock.now() + 3 * self.build_s >= st.deadline:
+            # what would follow a short program is left by the limit: the report says so
+            st.cut_by_limit.append(f"the programs after one of {job.chunks} chunks per rank short of its "
+                                   "packing not tried")
+        if clock.now() + 3 * self.build_s >= st.deadline:
+            short = False
         if short and not pk.halved and job.chunks > 1 and sc < pk.thinned_from:
             # the program falls short of its packing's time in the link model: the same LP rounded
             # to half the chunks (half the streams, each twice as fast) is built and simulated

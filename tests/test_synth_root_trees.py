@@ -1,0 +1,212 @@
+"""AllReduce by reduce and broadcast trees of a few roots (compiler/synth/root_trees.py).
+
+Oracles independent of the code under test: the trees checked as spanning arborescences of the
+network by walking their parents here; every chunk's transfers recounted from the rows; the program
+proven by hccc's verifier (the symbolic proof of the postcondition) and run by the numpy reference
+executor; the link-model time never below the AllReduce bound of :mod:`hccc.compiler.synth.bounds`;
+the MSCCL++ plan's thread blocks counted in the exported plan itself."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hccc.compiler.frontend.algorithm import RECV, RRC
+from hccc.compiler.synth.packing import pair_bandwidth
+from hccc.compiler.synth.problem import network_from_topology
+from hccc.compiler.synth import root_trees as rt_mod
+from hccc.util import clock
+
+from synth_oracles import M, clusters
+
+CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
+
+
+def _walks_to(par: np.ndarray, root: int) -> bool:
+    """Every rank reaches ``root`` by following ``par`` (no cycle), the root has no parent."""
+    n = par.size
+    if par[root] != -1:
+        return False
+    for v in range(n):
+        seen, u = 0, v
+        while u != root:
+            u = int(par[u])
+            seen += 1
+            if u < 0 or seen > n:
+                return False
+    return True
+
+
+@settings(max_examples=12, deadline=None)
+@given(topo=clusters(), k=st.integers(1, 3), streams=st.sampled_from([1, 2, 4]))
+def test_trees_span_and_every_chunk_is_reduced_once_then_broadcast(topo, k, streams):
+    """On random small clusters: every tree is a spanning arborescence of the network (arcs that
+    are pairs), rooted at one of the roots; in the rows every rank but a chunk's root sends its
+    partial sum exactly once (``rrc``), up the tree into the root, and every rank but the root
+    receives it exactly once (``recv``), after the last reduction; the program passes hccc's
+    proof and the reference executor; the rounded time is never below the AllReduce bound."""
+    from hccc.compiler.synth.bounds import allreduce_bound_seconds
+
+    net = network_from_topology(topo)
+    n = net.nranks
+    if n < 2:
+        return
+    roots = rt_mod.spread_roots(net, min(k, n))
+    rt = rt_mod.pack_root_trees(net, roots, pair_bw=pair_bandwidth(topo), deadline=clock.now() + 30)
+    for r, rev, par in rt.trees:
+        assert r in roots.tolist() and _walks_to(par, r)
+        v = np.flatnonzero(par >= 0)
+        src, dst = (v, par[v]) if rev else (par[v], v)
+        assert (net.pair_index(src, dst) >= 0).all()
+    counts = rt_mod.round_root_trees(rt, streams)
+    kc = rt_mod.chunks_for(n, roots.size, streams)
+    if not kc:
+        return
+    b = n * kc // (roots.size * streams)
+    rows = rt_mod.root_tree_rows(rt, counts, b)
+    assert len(np.unique(rows[:, 3])) == n * kc
+    last_reduce = rows[rows[:, 4] == RRC, 2].max()
+    for c in np.unique(rows[:, 3]).tolist():
+        mine = rows[rows[:, 3] == c]
+        red, bc = mine[mine[:, 4] == RRC], mine[mine[:, 4] == RECV]
+        root = int(np.setdiff1d(np.arange(n), red[:, 0])[0])
+        assert root in roots.tolist()
+        assert sorted(red[:, 0].tolist()) == sorted(set(range(n)) - {root})      # each once
+        assert sorted(bc[:, 1].tolist()) == sorted(set(range(n)) - {root})
+        par = np.full(n, -1)
+        par[red[:, 0]] = red[:, 1]
+        assert _walks_to(par, root)
+        assert (bc[:, 2] > last_reduce).all()
+    # the bound: no rounding beats the AllReduce bound for any schedule
+    t = rt_mod.rounded_time(rt, counts, streams) / roots.size * M
+    assert t >= allreduce_bound_seconds(net, M) * (1 - 1e-6)
+    assert rt.lp_time / roots.size * M >= allreduce_bound_seconds(net, M) * (1 - 1e-6)
+    _proven_and_run(topo, rows, kc)
+
+
+def _proven_and_run(topo, rows, kc):
+    """The rows as a program: proven by hccc's verifier and run by the numpy reference executor
+    against the sum of every rank's input."""
+    from hccc.compiler.passes.verify import verify
+    from hccc import build_program
+    from hccc.compiler.synth.collectives import SynthResult
+    from hccc.compiler.synth.emit import to_algorithm
+    from hccc.runtime.reference import execute, expected_for, inputs_for
+
+    n = topo.nranks
+    res = SynthResult("allreduce", n, kc, None, rows, int(rows[:, 2].max()) + 1, 0, [], 0.0, "t",
+                      detail={"method": "root trees"})
+    alg = to_algorithm(res, topo)
+    verify(alg)
+    ir = build_program(alg)
+    inputs = inputs_for(ir, 3 * n * kc + 1, "int32", seed=3)
+    for r, (got, want) in enumerate(zip(execute(ir, inputs, op="sum"), expected_for(ir, inputs, "sum"))):
+        assert np.array_equal(got, want), f"rank {r}: the reference executor's sum differs"
+
+
+def test_the_engine_limits_hold_in_the_exported_plan():
+    """A 12-GPU cluster's candidates weighed by the MSCCL++ executor's check: each exports, and the
+    plan written has at most the executor's thread blocks on every GPU (counted in the plan)."""
+    from hccc.compiler.interop.mscclpp_export import export_plan, node_map
+    from hccc.compiler.interop.mscclpp_plan import PlanLimits
+    from hccc.compiler.passes.build import build_algorithm_level
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth.emit import to_algorithm
+    from hccc.synth_engines import transfers_check
+
+    topo = load_cluster(CLUSTERS / "v100_4_8.topo")
+    made, why = rt_mod.root_tree_candidates(topo, deadline=clock.now() + 120,
+                                            engine=transfers_check("mscclpp", topo))
+    assert made, why
+    for res in made:
+        alg = to_algorithm(res, topo)
+        plan = export_plan(build_algorithm_level(alg), nodes=node_map(alg.header.nranks, topology=topo),
+                           micro_batches=1)
+        assert max(len(g["threadblocks"]) for g in plan["gpus"]) <= PlanLimits().max_tbs
+
+
+@pytest.mark.parametrize("share", [0.9, 0.7])
+def test_capping_connection_ends_caps_them_in_the_lp(share):
+    """The LP packed under a cap on every rank's tree arcs (:func:`with_end_groups`) keeps every
+    rank's arcs, summed over the trees by weight, within the cap at its time (recounted here from
+    the trees), where the LP without it exceeds that cap somewhere."""
+    from hccc.compiler.pipeline import load_cluster
+
+    topo = load_cluster(CLUSTERS / "v100_4_8.topo")
+    net = network_from_topology(topo)
+    roots = rt_mod.spread_roots(net, 2)
+    bw = pair_bandwidth(topo)
+
+    def arcs(rt):
+        out = np.zeros(net.nranks)
+        for (r, rev, par), y in zip(rt.trees, rt.weights):
+            v = np.flatnonzero(par >= 0)
+            np.add.at(out, v, y)
+            np.add.at(out, par[v], y)
+        return out
+    free = rt_mod.pack_root_trees(net, roots, pair_bw=bw, deadline=clock.now() + 30)
+    cap = float(arcs(free).max()) * share
+    capped = rt_mod.pack_root_trees(net, roots, pair_bw=bw, deadline=clock.now() + 30,
+                                    ends=np.full(net.nranks, cap))
+    assert (arcs(capped) <= cap * capped.lp_time / free.lp_time * (1 + 1e-6)).all()
+    assert capped.lp_time >= free.lp_time * (1 - 1e-9)
+
+
+def test_the_xml_limits_hold_in_the_exported_xml():
+    """The same for the MSCCL executor: every candidate weighed by its check exports, and the XML
+    written keeps every GPU's thread blocks, every thread block's steps and the channels within
+    the runtime's limits (counted in the XML text)."""
+    import xml.etree.ElementTree as ET
+
+    from hccc.compiler.interop.msccl_export import export_algorithm
+    from hccc.compiler.interop.msccl_format import XmlLimits
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth.emit import to_algorithm
+    from hccc.synth_engines import transfers_check
+
+    topo = load_cluster(CLUSTERS / "v100_4_8.topo")
+    made, why = rt_mod.root_tree_candidates(topo, deadline=clock.now() + 120, engine=transfers_check("xml", topo))
+    assert made, why
+    lim = XmlLimits()
+    for res in made:
+        _, text = export_algorithm(to_algorithm(res, topo))
+        root = ET.fromstring(text)
+        gpus = root.findall("gpu")
+        assert len(gpus) == topo.nranks
+        for g in gpus:
+            tbs = g.findall("tb")
+            assert len(tbs) <= lim.max_tbs
+            assert all(len(tb.findall("step")) <= lim.max_steps for tb in tbs)
+            assert all(int(tb.get("chan")) < lim.max_channels for tb in tbs)
+
+
+def test_what_the_deadline_leaves_is_said():
+    """A deadline already past makes nothing and says, for every root count, that the time limit
+    left it (the selection lists those as not made, so the report says the limit bound)."""
+    from hccc.compiler.pipeline import load_cluster
+
+    topo = load_cluster(CLUSTERS / "v100_4_8.topo")
+    made, why = rt_mod.root_tree_candidates(topo, deadline=clock.now() - 1.0)
+    assert made == []
+    assert why == [f"{k} roots: not made: time limit" for k in rt_mod.ROOT_COUNTS if k < topo.nranks]
+
+
+@settings(max_examples=8, deadline=None)
+@given(topo=clusters(), most=st.integers(2, 12))
+def test_every_candidate_is_one_its_engine_check_accepts(topo, most):
+    """An engine that takes at most ``most`` transfers on a connection (a pair's on one channel):
+    every candidate made has no longer connection (recounted here on its rows), or none is made
+    and the reason says the engine refused."""
+    def engine(rows):
+        _, c = np.unique(rows[:, [0, 1, 5]], axis=0, return_counts=True)
+        return None if c.max() <= most else f"{int(c.max())} transfers on a connection"
+
+    if topo.nranks < 2:
+        return
+    made, why = rt_mod.root_tree_candidates(topo, deadline=clock.now() + 60, engine=engine)
+    for res in made:
+        _, c = np.unique(res.rows[:, [0, 1, 5]], axis=0, return_counts=True)
+        assert c.max() <= most
+    assert made or all("refuses" in w for w in why), why
