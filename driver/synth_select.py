@@ -58,6 +58,19 @@ TREES_BESIDE_SHARE = 0.5
 #: within the share); on 24 GPUs (ho_3x8_switch) the share cut the packing's engine fitting short
 #: (0.73 of the bound before, the roots' trees' 0.68 kept)
 ROOT_TREES_SHARE_ABOVE = 32
+
+
+def _root_trees_asked(opts) -> bool:
+    """Whether the selection makes the reduce and broadcast trees of a few roots
+    (:mod:`hccc.compiler.synth.root_trees`): for an AllReduce written for an engine with limits of
+    its own (``--for msccl|mscclpp``), which cut the packing's streams of every rank's trees. hccc's
+    own engine runs the packing's program (0.958 and 0.929 of the cut bound on ho_8x4_mesh and
+    ho_8x8_switch, where the roots' trees reach 0.954 and 0.799 for the MSCCL executor), and their
+    LP costs 10-20 s on 24-32 GPUs under load, which no other synthesis pays."""
+    from hccc.compiler.synth.plan import ENGINE_OF_CHOICE
+    return opts.collective == "allreduce" and ENGINE_OF_CHOICE.get(opts.engine) is not None
+
+
 #: how candidates are compared: the simulated time at the size asked (``--size``, else
 #: ``--select-size``) alone, the fastest kept; the report gives every other's ratio to it
 SCORE_RULE = "the simulated time at the size asked"
@@ -607,7 +620,7 @@ class _Choices(SelectionLoop):
         jobs = [("trees first",)] if trees_first else []
         jobs.append(("method",))
         if compare:
-            jobs += ([("root trees",)] if opts.collective == "allreduce" else []) + [("classics",)]
+            jobs += ([("root trees",)] if _root_trees_asked(opts) else []) + [("classics",)]
             jobs += ([("default",)] if default is not None else []) + [("search",)]
         super().__init__(jobs, deadline)
         self.candidates = choices

@@ -210,3 +210,15 @@ def test_every_candidate_is_one_its_engine_check_accepts(topo, most):
         _, c = np.unique(res.rows[:, [0, 1, 5]], axis=0, return_counts=True)
         assert c.max() <= most
     assert made or all("refuses" in w for w in why), why
+
+
+@pytest.mark.parametrize("engine, collective, made", [
+    (None, "allreduce", False), ("hccc", "allreduce", False), ("msccl", "allreduce", True),
+    ("xml", "allreduce", True), ("mscclpp", "allreduce", True), ("mscclpp", "allgather", False)])
+def test_only_an_allreduce_for_an_engine_with_limits_makes_root_trees(engine, collective, made):
+    """hccc's own AllReduce is not charged the roots' LP: the selection queues it only where an
+    engine's limits cut the packing's program."""
+    from types import SimpleNamespace
+
+    from hccc.synth_select import _root_trees_asked
+    assert _root_trees_asked(SimpleNamespace(engine=engine, collective=collective)) is made
