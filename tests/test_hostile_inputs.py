@@ -566,3 +566,38 @@ def test_a_large_counts_file_stops_at_its_first_line_that_cannot_fit(tmp_path):
     assert (d.location.line, d.location.col) == (1, 21)
     assert "row 0 has more than 2 counts, but a2a2 has 2 ranks" in d.message
     assert peak < 8 << 20, peak
+
+
+# ----------------------------------------------------------------------------- MSCCL++ plan header
+#: the plan header's numeric fields and the ranges the MSCCL++ loader and executor give them, written
+#: out here (not read from the importer): uint64 message sizes, a positive alignment of at most a
+#: uint32 offset's span, at most a CUDA/HIP thread block's 1,024 threads
+_PLAN_HEADER_RANGES = {"min_message_size": (0, (1 << 64) - 1), "max_message_size": (0, (1 << 64) - 1),
+                       "buffer_alignment": (1, 1 << 32), "num_threads_per_block": (1, 1024)}
+_HEADER_VALUES = st.one_of(st.integers(-3, 2048), st.sampled_from([1 << 32, (1 << 32) + 1, (1 << 64) - 1, 1 << 64]),
+                           st.sampled_from([True, False, None, 1.5, "16", [16]]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(fields=st.dictionaries(st.sampled_from(sorted(_PLAN_HEADER_RANGES)), _HEADER_VALUES, min_size=1))
+def test_plan_header_fields_are_read_in_range_or_refused_at_their_key(fields):
+    """A valid plan with header fields replaced: it loads exactly when every field is an integer in
+    its range and the plan serves some size (min_message_size <= max_message_size); otherwise the
+    refusal names a bad field on its own line (once, a plan of num_threads_per_block 0,
+    buffer_alignment 0 or min_message_size above max_message_size was checked as valid)."""
+    from mscclpp_plans import plan_direct_allgather, refused
+    from hccc.compiler.interop.mscclpp_import import import_plan_text
+    plan = plan_direct_allgather()
+    plan.update(fields)
+    header = {k: plan.get(k) for k in _PLAN_HEADER_RANGES}
+    bad = [k for k, v in header.items()
+           if not (type(v) is int and _PLAN_HEADER_RANGES[k][0] <= v <= _PLAN_HEADER_RANGES[k][1])]
+    sizes = [header[k] for k in ("min_message_size", "max_message_size")]
+    if all(type(v) is int for v in sizes) and sizes[0] > sizes[1]:
+        bad.append("min_message_size")
+    if not bad:
+        import_plan_text(json.dumps(plan, indent=2), "p.json")
+        return
+    message, line = refused(plan)
+    assert any(f'"{k}"' in line for k in bad), (message, line, bad)
+    assert any(k in message for k in bad), (message, bad)
