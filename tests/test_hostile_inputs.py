@@ -127,6 +127,57 @@ def test_json_depth_and_integer_digits(depth, digits, kind):
         assert data == int(num)
 
 
+_FRACTIONAL = st.builds(lambda sign, whole, frac, exp: f"{sign}{whole}{frac}{exp}",
+                        st.sampled_from(["", "-"]), st.from_regex(r"\A(0|[1-9][0-9]{0,40})\Z"),
+                        st.from_regex(r"\A(\.[0-9]{1,40})?\Z"),
+                        st.one_of(st.just(""), st.integers(-10 ** 9, 10 ** 9).map(lambda e: f"e{e}"),
+                                  st.integers(-450, 450).map(lambda e: f"E{e:+d}")))
+
+
+@settings(max_examples=150)
+@given(literal=_FRACTIONAL.filter(lambda t: any(c in t for c in ".eE")),
+       exact=st.booleans(), where=st.sampled_from(["top", "nested"]))
+def test_json_fractional_numbers_are_bounded_before_they_are_converted(literal, exact, where):
+    """A fractional literal is read (as a float, or exact as a TACCL profile reads it) exactly when it
+    has at most MAX_JSON_NUMBER_CHARS characters and its leading digit's decimal exponent is within
+    MAX_JSON_EXPONENT; otherwise a located error at the literal. Oracle: Decimal's own ``adjusted``
+    exponent. (``"alpha": 1e-999999999`` in a TACCL profile once ran for minutes building an exact
+    fraction; ``1e999`` read as a float was silently infinity.)"""
+    from decimal import Decimal
+    from hccc.util.limits import MAX_JSON_EXPONENT, MAX_JSON_NUMBER_CHARS
+    text = literal if where == "top" else '{"k": [1, ' + literal + ']}'
+    dec = Decimal(literal)
+    ok = len(literal) <= MAX_JSON_NUMBER_CHARS and (dec.is_zero() or abs(dec.adjusted()) <= MAX_JSON_EXPONENT)
+    src = SourceFile("<t>", text)
+    if ok:
+        data = loads_json(src, parse_float=Decimal if exact else float)
+        value = data if where == "top" else data["k"][1]
+        assert value == (dec if exact else float(literal))
+        return
+    with pytest.raises(CompileError) as info:
+        loads_json(src, parse_float=Decimal if exact else float)
+    d = info.value.diagnostics[0]
+    assert d.location is not None and d.location.line == 1
+    assert d.location.col == text.index(literal) + 1, (d.location.col, text)
+
+
+@pytest.mark.parametrize("text", ["5", "-1.5", "true", "false", "null", '"x"'])
+def test_a_json_input_that_is_a_bare_value_is_a_located_error(tmp_path, text):
+    """Every command that reads a JSON input (a ProgramIR, a plan, a TACCL profile, an OUTDIR's
+    manifest) refuses a file holding one scalar with a located error; a number, true, false or null
+    once stopped the nesting check with an internal error (exit 3)."""
+    p = tmp_path / "bare.json"
+    p.write_text(text + "\n")
+    out = tmp_path / "od"
+    cmds = [["check", p], ["topo", p], ["run", p, "--backend", "cpu"], ["plan", p, "-o", "-"],
+            ["xml", p, "-o", "-"], [p, "-o", out], ["sim", "--topology", p, EXAMPLES / "ring_allgather_8.rccl"]]
+    for cmd in cmds:
+        code, output, _ = _in_process(*cmd)
+        assert code == 1, (cmd, output)
+        assert re.search(rf"bare\.json:1:1: error: ", output), (cmd, output)
+    assert not out.exists()
+
+
 def test_huge_json_structures_fire_quickly(tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 200_000 + "]" * 200_000)
