@@ -329,6 +329,39 @@ def test_synth_chunks_per_rank_capped_before_work(tmp_path):
     assert not (tmp_path / "s.rccl").exists()
 
 
+@settings(max_examples=80, deadline=None)
+@given(mantissa=st.integers(1, 99), exp=st.integers(-320, 320), key=st.sampled_from(["node", "remote"]),
+       chunk=st.sampled_from([1, 1 << 20, 1 << 40]))
+def test_taccl_betas_give_bandwidths_in_the_cluster_range_or_a_located_error(mantissa, exp, key, chunk):
+    """A TACCL beta of any size: the profile loads exactly when the bandwidth it gives (chunk bytes
+    in beta microseconds) lies in the range a .topo link may have, otherwise a located error at the
+    key. Oracle: the bandwidth worked out here in exact fractions. (A beta of 1e-300 once ended in an
+    internal error, OverflowError, as the cluster's bandwidth became a float.)"""
+    from fractions import Fraction
+    from hccc.compiler.cluster.topo_limits import MAX_BANDWIDTH_GBPS, MIN_BANDWIDTH_GBPS
+    from hccc.compiler.interop.taccl import parse_taccl
+    beta = f"{mantissa}e{exp}"
+    prof = {"name": "HubAndSpoke", "topology": "HubAndSpoke", "gpus_per_node": 4, "nics_per_node": 1,
+            "alpha": 0.3, "node_betas_list": [beta if key == "node" else 23], "nnodes": 2, "chunk_size": chunk,
+            "remote_alpha": 2.6, "remote_beta": beta if key == "remote" else 105}
+    text = json.dumps(prof).replace(f'"{beta}"', beta)
+    bw = Fraction(chunk) / (Fraction(mantissa) * Fraction(10) ** exp * 1000)
+    in_range = MIN_BANDWIDTH_GBPS <= bw <= MAX_BANDWIDTH_GBPS
+    other = Fraction(chunk) / ((23 if key == "remote" else 105) * 1000)
+    try:
+        parse_taccl(text, "p.json")
+    except CompileError as exc:
+        d = exc.diagnostics[0]
+        assert d.location is not None and d.location.line == 1, d.message
+        at = text.index('"node_betas_list"' if key == "node" else '"remote_beta"')
+        assert not in_range or not MIN_BANDWIDTH_GBPS <= other <= MAX_BANDWIDTH_GBPS \
+            or "capacity" in d.message, (d.message, float(bw))
+        if not in_range:
+            assert d.location.col - 1 >= at or "capacity" in d.message, (d.message, text)
+        return
+    assert in_range, (beta, float(bw))
+
+
 # ----------------------------------------------------------------------------- names from inputs
 @settings(max_examples=200)
 @given(text=st.text(max_size=300), limit=st.integers(8, 400))
