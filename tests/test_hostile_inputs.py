@@ -322,6 +322,19 @@ def test_absurd_command_line_numbers_are_usage_errors(tmp_path):
         assert sorted((tmp_path / str(k)).iterdir()) == [], argv
 
 
+@pytest.mark.parametrize("dtypes, sizes, first", [("all", "4,8", "int64"), ("float32,float64", "8,12", "float64"),
+                                                  ("half,int32", "2,6", "int32"), ("all", "1", "float32")])
+def test_run_refuses_a_size_some_asked_element_type_cannot_hold_before_any_table(dtypes, sizes, first):
+    """A size that is no whole number of elements of one of the element types asked for is a usage
+    error before anything runs, naming the first such type (``-d all --sizes 4`` once ran the
+    float32, float16, bfloat16 and int32 tables and then stopped at int64 with exit status 2)."""
+    r = run_cli("run", EXAMPLES / "ring_allgather_8.rccl", "--backend", "cpu", "-d", dtypes, "--sizes", sizes,
+                "-n", "1", "-w", "0")
+    assert r.returncode == 2, r.stderr
+    assert f"not a whole number of {first} elements" in r.stderr, r.stderr
+    assert "out-of-place" not in r.stdout and "#wrong" not in r.stdout, r.stdout
+
+
 def test_synth_chunks_per_rank_capped_before_work(tmp_path):
     topo = EXAMPLES / "clusters" / "v100_4_8.topo"
     assert_fires(hccc("synth", topo, "--collective", "allgather", "--chunks-per-rank", "1000000",
