@@ -335,6 +335,19 @@ def test_run_refuses_a_size_some_asked_element_type_cannot_hold_before_any_table
     assert "out-of-place" not in r.stdout and "#wrong" not in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("option", ["--from-nccl", "--from-smi"])
+def test_topo_import_of_more_files_than_a_cluster_has_nodes_is_refused_before_reading(tmp_path, option):
+    """One file per node: more than MAX_NODES files is a usage error before any is read (5,000 NCCL
+    dumps were once all parsed, 7 s, before the cluster was refused); the files here do not exist,
+    so reading any would be a different error."""
+    from hccc.compiler.cluster.topo_limits import MAX_NODES
+    missing = tmp_path / "absent.xml"
+    for n, refused in ((MAX_NODES + 1, True), (2, False)):
+        r = run_cli("topo", option, *[missing] * n, *(["--gpu", "A100"] if option == "--from-smi" else []))
+        assert r.returncode == (2 if refused else 1), r.stderr
+        assert (f"a cluster has at most {MAX_NODES} nodes" in r.stderr) == refused, r.stderr
+
+
 def test_synth_chunks_per_rank_capped_before_work(tmp_path):
     topo = EXAMPLES / "clusters" / "v100_4_8.topo"
     assert_fires(hccc("synth", topo, "--collective", "allgather", "--chunks-per-rank", "1000000",
