@@ -127,6 +127,57 @@ def test_json_depth_and_integer_digits(depth, digits, kind):
         assert data == int(num)
 
 
+_FRACTIONAL = st.builds(lambda sign, whole, frac, exp: f"{sign}{whole}{frac}{exp}",
+                        st.sampled_from(["", "-"]), st.from_regex(r"\A(0|[1-9][0-9]{0,40})\Z"),
+                        st.from_regex(r"\A(\.[0-9]{1,40})?\Z"),
+                        st.one_of(st.just(""), st.integers(-10 ** 9, 10 ** 9).map(lambda e: f"e{e}"),
+                                  st.integers(-450, 450).map(lambda e: f"E{e:+d}")))
+
+
+@settings(max_examples=150)
+@given(literal=_FRACTIONAL.filter(lambda t: any(c in t for c in ".eE")),
+       exact=st.booleans(), where=st.sampled_from(["top", "nested"]))
+def test_json_fractional_numbers_are_bounded_before_they_are_converted(literal, exact, where):
+    """A fractional literal is read (as a float, or exact as a TACCL profile reads it) exactly when it
+    has at most MAX_JSON_NUMBER_CHARS characters and its leading digit's decimal exponent is within
+    MAX_JSON_EXPONENT; otherwise a located error at the literal. Oracle: Decimal's own ``adjusted``
+    exponent. (``"alpha": 1e-999999999`` in a TACCL profile once ran for minutes building an exact
+    fraction; ``1e999`` read as a float was silently infinity.)"""
+    from decimal import Decimal
+    from hccc.util.limits import MAX_JSON_EXPONENT, MAX_JSON_NUMBER_CHARS
+    text = literal if where == "top" else '{"k": [1, ' + literal + ']}'
+    dec = Decimal(literal)
+    ok = len(literal) <= MAX_JSON_NUMBER_CHARS and (dec.is_zero() or abs(dec.adjusted()) <= MAX_JSON_EXPONENT)
+    src = SourceFile("<t>", text)
+    if ok:
+        data = loads_json(src, parse_float=Decimal if exact else float)
+        value = data if where == "top" else data["k"][1]
+        assert value == (dec if exact else float(literal))
+        return
+    with pytest.raises(CompileError) as info:
+        loads_json(src, parse_float=Decimal if exact else float)
+    d = info.value.diagnostics[0]
+    assert d.location is not None and d.location.line == 1
+    assert d.location.col == text.index(literal) + 1, (d.location.col, text)
+
+
+@pytest.mark.parametrize("text", ["5", "-1.5", "true", "false", "null", '"x"'])
+def test_a_json_input_that_is_a_bare_value_is_a_located_error(tmp_path, text):
+    """Every command that reads a JSON input (a ProgramIR, a plan, a TACCL profile, an OUTDIR's
+    manifest) refuses a file holding one scalar with a located error; a number, true, false or null
+    once stopped the nesting check with an internal error (exit 3)."""
+    p = tmp_path / "bare.json"
+    p.write_text(text + "\n")
+    out = tmp_path / "od"
+    cmds = [["check", p], ["topo", p], ["run", p, "--backend", "cpu"], ["plan", p, "-o", "-"],
+            ["xml", p, "-o", "-"], [p, "-o", out], ["sim", "--topology", p, EXAMPLES / "ring_allgather_8.rccl"]]
+    for cmd in cmds:
+        code, output, _ = _in_process(*cmd)
+        assert code == 1, (cmd, output)
+        assert re.search(rf"bare\.json:1:1: error: ", output), (cmd, output)
+    assert not out.exists()
+
+
 def test_huge_json_structures_fire_quickly(tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 200_000 + "]" * 200_000)
@@ -271,11 +322,70 @@ def test_absurd_command_line_numbers_are_usage_errors(tmp_path):
         assert sorted((tmp_path / str(k)).iterdir()) == [], argv
 
 
+@pytest.mark.parametrize("dtypes, sizes, first", [("all", "4,8", "int64"), ("float32,float64", "8,12", "float64"),
+                                                  ("half,int32", "2,6", "int32"), ("all", "1", "float32")])
+def test_run_refuses_a_size_some_asked_element_type_cannot_hold_before_any_table(dtypes, sizes, first):
+    """A size that is no whole number of elements of one of the element types asked for is a usage
+    error before anything runs, naming the first such type (``-d all --sizes 4`` once ran the
+    float32, float16, bfloat16 and int32 tables and then stopped at int64 with exit status 2)."""
+    r = run_cli("run", EXAMPLES / "ring_allgather_8.rccl", "--backend", "cpu", "-d", dtypes, "--sizes", sizes,
+                "-n", "1", "-w", "0")
+    assert r.returncode == 2, r.stderr
+    assert f"not a whole number of {first} elements" in r.stderr, r.stderr
+    assert "out-of-place" not in r.stdout and "#wrong" not in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("option", ["--from-nccl", "--from-smi"])
+def test_topo_import_of_more_files_than_a_cluster_has_nodes_is_refused_before_reading(tmp_path, option):
+    """One file per node: more than MAX_NODES files is a usage error before any is read (5,000 NCCL
+    dumps were once all parsed, 7 s, before the cluster was refused); the files here do not exist,
+    so reading any would be a different error."""
+    from hccc.compiler.cluster.topo_limits import MAX_NODES
+    missing = tmp_path / "absent.xml"
+    for n, refused in ((MAX_NODES + 1, True), (2, False)):
+        r = run_cli("topo", option, *[missing] * n, *(["--gpu", "A100"] if option == "--from-smi" else []))
+        assert r.returncode == (2 if refused else 1), r.stderr
+        assert (f"a cluster has at most {MAX_NODES} nodes" in r.stderr) == refused, r.stderr
+
+
 def test_synth_chunks_per_rank_capped_before_work(tmp_path):
     topo = EXAMPLES / "clusters" / "v100_4_8.topo"
     assert_fires(hccc("synth", topo, "--collective", "allgather", "--chunks-per-rank", "1000000",
                       "-o", tmp_path / "s.rccl"), pattern="chunks-per-rank.*limit")
     assert not (tmp_path / "s.rccl").exists()
+
+
+@settings(max_examples=80, deadline=None)
+@given(mantissa=st.integers(1, 99), exp=st.integers(-320, 320), key=st.sampled_from(["node", "remote"]),
+       chunk=st.sampled_from([1, 1 << 20, 1 << 40]))
+def test_taccl_betas_give_bandwidths_in_the_cluster_range_or_a_located_error(mantissa, exp, key, chunk):
+    """A TACCL beta of any size: the profile loads exactly when the bandwidth it gives (chunk bytes
+    in beta microseconds) lies in the range a .topo link may have, otherwise a located error at the
+    key. Oracle: the bandwidth worked out here in exact fractions. (A beta of 1e-300 once ended in an
+    internal error, OverflowError, as the cluster's bandwidth became a float.)"""
+    from fractions import Fraction
+    from hccc.compiler.cluster.topo_limits import MAX_BANDWIDTH_GBPS, MIN_BANDWIDTH_GBPS
+    from hccc.compiler.interop.taccl import parse_taccl
+    beta = f"{mantissa}e{exp}"
+    prof = {"name": "HubAndSpoke", "topology": "HubAndSpoke", "gpus_per_node": 4, "nics_per_node": 1,
+            "alpha": 0.3, "node_betas_list": [beta if key == "node" else 23], "nnodes": 2, "chunk_size": chunk,
+            "remote_alpha": 2.6, "remote_beta": beta if key == "remote" else 105}
+    text = json.dumps(prof).replace(f'"{beta}"', beta)
+    bw = Fraction(chunk) / (Fraction(mantissa) * Fraction(10) ** exp * 1000)
+    in_range = MIN_BANDWIDTH_GBPS <= bw <= MAX_BANDWIDTH_GBPS
+    other = Fraction(chunk) / ((23 if key == "remote" else 105) * 1000)
+    try:
+        parse_taccl(text, "p.json")
+    except CompileError as exc:
+        d = exc.diagnostics[0]
+        assert d.location is not None and d.location.line == 1, d.message
+        at = text.index('"node_betas_list"' if key == "node" else '"remote_beta"')
+        assert not in_range or not MIN_BANDWIDTH_GBPS <= other <= MAX_BANDWIDTH_GBPS \
+            or "capacity" in d.message, (d.message, float(bw))
+        if not in_range:
+            assert d.location.col - 1 >= at or "capacity" in d.message, (d.message, text)
+        return
+    assert in_range, (beta, float(bw))
 
 
 # ----------------------------------------------------------------------------- names from inputs
@@ -566,3 +676,38 @@ def test_a_large_counts_file_stops_at_its_first_line_that_cannot_fit(tmp_path):
     assert (d.location.line, d.location.col) == (1, 21)
     assert "row 0 has more than 2 counts, but a2a2 has 2 ranks" in d.message
     assert peak < 8 << 20, peak
+
+
+# ----------------------------------------------------------------------------- MSCCL++ plan header
+#: the plan header's numeric fields and the ranges the MSCCL++ loader and executor give them, written
+#: out here (not read from the importer): uint64 message sizes, a positive alignment of at most a
+#: uint32 offset's span, at most a CUDA/HIP thread block's 1,024 threads
+_PLAN_HEADER_RANGES = {"min_message_size": (0, (1 << 64) - 1), "max_message_size": (0, (1 << 64) - 1),
+                       "buffer_alignment": (1, 1 << 32), "num_threads_per_block": (1, 1024)}
+_HEADER_VALUES = st.one_of(st.integers(-3, 2048), st.sampled_from([1 << 32, (1 << 32) + 1, (1 << 64) - 1, 1 << 64]),
+                           st.sampled_from([True, False, None, 1.5, "16", [16]]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(fields=st.dictionaries(st.sampled_from(sorted(_PLAN_HEADER_RANGES)), _HEADER_VALUES, min_size=1))
+def test_plan_header_fields_are_read_in_range_or_refused_at_their_key(fields):
+    """A valid plan with header fields replaced: it loads exactly when every field is an integer in
+    its range and the plan serves some size (min_message_size <= max_message_size); otherwise the
+    refusal names a bad field on its own line (once, a plan of num_threads_per_block 0,
+    buffer_alignment 0 or min_message_size above max_message_size was checked as valid)."""
+    from mscclpp_plans import plan_direct_allgather, refused
+    from hccc.compiler.interop.mscclpp_import import import_plan_text
+    plan = plan_direct_allgather()
+    plan.update(fields)
+    header = {k: plan.get(k) for k in _PLAN_HEADER_RANGES}
+    bad = [k for k, v in header.items()
+           if not (type(v) is int and _PLAN_HEADER_RANGES[k][0] <= v <= _PLAN_HEADER_RANGES[k][1])]
+    sizes = [header[k] for k in ("min_message_size", "max_message_size")]
+    if all(type(v) is int for v in sizes) and sizes[0] > sizes[1]:
+        bad.append("min_message_size")
+    if not bad:
+        import_plan_text(json.dumps(plan, indent=2), "p.json")
+        return
+    message, line = refused(plan)
+    assert any(f'"{k}"' in line for k in bad), (message, line, bad)
+    assert any(k in message for k in bad), (message, bad)

@@ -38,6 +38,13 @@ MAX_JSON_INT_DIGITS = 24
 MAX_JSON_DEPTH = 64
 
 _LONG_INT = re.compile(r"-?\d{%d,}" % (MAX_JSON_INT_DIGITS + 1))
+#: fractional numbers in JSON inputs: at most this many characters (a float's shortest repr has at
+#: most 24) and a decimal exponent of at most this magnitude (a float64 spans 10**-324 .. 10**308).
+#: Past them a reader that keeps the number exact (a TACCL profile's Decimals, made Fractions) would
+#: build an integer of the exponent's digits: ``1e-999999999`` took minutes; a float reader would
+#: silently read infinity or zero
+MAX_JSON_NUMBER_CHARS = 64
+MAX_JSON_EXPONENT = 400
 
 
 def _located(src: SourceFile, offset: int, message: str) -> CompileError:
@@ -56,6 +63,28 @@ def _parse_int(text: str) -> int:
 
 def _no_constant(name: str):
     raise ValueError(name)
+
+
+class _BadNumber(Exception):
+    """A fractional number literal past :data:`MAX_JSON_NUMBER_CHARS` or :data:`MAX_JSON_EXPONENT`:
+    (the literal, why)."""
+
+
+def _bounded_float(parse_float):
+    """``parse_float`` behind the bounds on a literal's length and exponent, checked on its text."""
+    def parse(text: str):
+        if len(text) > MAX_JSON_NUMBER_CHARS:
+            raise _BadNumber(text, f"a number of more than {MAX_JSON_NUMBER_CHARS} characters")
+        mantissa, _, exp = text.lower().partition("e")
+        digits = mantissa.lstrip("-").replace(".", "")
+        nonzero = digits.lstrip("0")
+        # the decimal exponent of the number's leading digit (0 for zero)
+        lead = (int(exp or 0) + len(mantissa.lstrip("-").split(".")[0]) - (len(digits) - len(nonzero)) - 1
+                if nonzero else 0)
+        if abs(lead) > MAX_JSON_EXPONENT:
+            raise _BadNumber(text, f"a number outside 10^-{MAX_JSON_EXPONENT} .. 10^{MAX_JSON_EXPONENT}")
+        return parse_float(text)
+    return parse
 
 
 class _DuplicateKey(Exception):
@@ -112,8 +141,8 @@ def loads_json(src: SourceFile, *, parse_float=float):
     """Parse ``src`` as JSON; every way it can be unusable is a located :class:`CompileError`."""
     text = src.text
     try:
-        data = json.loads(text, parse_int=_parse_int, parse_float=parse_float, parse_constant=_no_constant,
-                          object_pairs_hook=_unique_keys)
+        data = json.loads(text, parse_int=_parse_int, parse_float=_bounded_float(parse_float),
+                          parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise CompileError([Diagnostic(f"not valid JSON: {exc.msg}",
                                        Location(src, exc.lineno, exc.colno))]) from None
@@ -125,6 +154,10 @@ def loads_json(src: SourceFile, *, parse_float=float):
         m = _LONG_INT.search(text)
         raise _located(src, m.start() if m else 0,
                        f"integer with more than {MAX_JSON_INT_DIGITS} digits") from None
+    except _BadNumber as exc:
+        literal, why = exc.args
+        raise _located(src, max(text.find(literal), 0),
+                       f"'{printable(literal, limit=30)}' is {why}: hccc reads none") from None
     except ValueError as exc:   # NaN / Infinity / -Infinity
         off = text.find(str(exc)) if str(exc) else 0
         raise _located(src, max(off, 0), f"'{printable(str(exc))}' is not a number hccc accepts") from None
@@ -137,7 +170,7 @@ def loads_json(src: SourceFile, *, parse_float=float):
 def _check_depth(src: SourceFile, data) -> None:
     """Refuse containers nested deeper than MAX_JSON_DEPTH (iteratively: no recursion to exhaust).
     Lists of scalars (the bulk of a ProgramIR) are skipped quickly."""
-    stack = [(data, 1)]
+    stack = [(data, 1)] if isinstance(data, (dict, list)) else []     # a bare scalar nests nothing
     while stack:
         obj, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
@@ -272,7 +305,8 @@ def check_size(value: int, what: str = "size", hi: int = MAX_OPTION_BYTES) -> in
     return value
 
 
-__all__ = ["DEFAULT_MAX_INPUT_BYTES", "MAX_JSON_INT_DIGITS", "MAX_JSON_DEPTH", "max_input_bytes",
+__all__ = ["DEFAULT_MAX_INPUT_BYTES", "MAX_JSON_INT_DIGITS", "MAX_JSON_DEPTH", "MAX_JSON_NUMBER_CHARS",
+           "MAX_JSON_EXPONENT", "max_input_bytes",
            "read_input_bytes", "describe_mode", "loads_json", "check_int_range", "printable",
            "MAX_OPTION_BYTES", "MAX_OPTION_COUNT", "MAX_OPTION_SECONDS", "OptionValueError", "option_int",
            "option_seconds", "check_size", "DEFAULT_MAX_SOURCE_LINES", "max_source_lines",

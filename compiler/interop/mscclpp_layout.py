@@ -15,8 +15,9 @@ from typing import Callable
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.interop.mscclpp_groups import group_part
 from hccc.compiler.interop.mscclpp_locate import PlanReader
-from hccc.compiler.interop.mscclpp_plan import (BUF_OF_LETTER, BUFFER_ALIGNMENT, COLLECTIVES, MAX_GROUP_PARTS,
-                                                MAX_PLAN_SLOTS, NO_MAX_SIZE, SHARED_SCRATCH_BYTES)
+from hccc.compiler.interop.mscclpp_plan import (BUF_OF_LETTER, BUFFER_ALIGNMENT, COLLECTIVES, MAX_BUFFER_ALIGNMENT,
+                                                MAX_GROUP_PARTS, MAX_PLAN_SLOTS, MAX_THREADS_PER_BLOCK, NO_MAX_SIZE,
+                                                SHARED_SCRATCH_BYTES)
 from hccc.compiler.interop.mscclpp_switch import SwitchChannels
 from hccc.compiler.ir.program_ir import Buf
 
@@ -95,7 +96,8 @@ def read_layout(rd: PlanReader, plan: dict) -> PlanLayout:
 
 def _flags(rd: PlanReader, plan: dict) -> tuple[str, str, bool, bool, bool]:
     """The plan's collective, protocol, ``inplace``, ``reuse_resources`` and
-    ``use_double_scratch_buffer``, each checked."""
+    ``use_double_scratch_buffer``, each checked (``num_threads_per_block`` too, which hccc's
+    kernels do not use but the executor launches with)."""
     coll = rd.get(plan, "collective", (), str)
     if coll not in COLLECTIVES:
         spec = SPECS.get(coll)
@@ -117,6 +119,10 @@ def _flags(rd: PlanReader, plan: dict) -> tuple[str, str, bool, bool, bool]:
     double = plan.get("use_double_scratch_buffer", False)
     if not isinstance(double, bool):
         raise rd.err(("use_double_scratch_buffer",), "'use_double_scratch_buffer' must be true or false")
+    threads = plan.get("num_threads_per_block", MAX_THREADS_PER_BLOCK)
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS_PER_BLOCK:
+        raise rd.err(("num_threads_per_block",), f"'num_threads_per_block' must be an integer from 1 to "
+                                                 f"{MAX_THREADS_PER_BLOCK} (a CUDA or HIP thread block's most)")
     return coll, proto, inplace, reuse, double
 
 
@@ -208,13 +214,17 @@ def _served_sizes(rd: PlanReader, plan: dict, coll: str, proto: str, reuse: bool
     lo = plan.get("min_message_size", 0)
     hi = plan.get("max_message_size", NO_MAX_SIZE)
     for key, v in (("min_message_size", lo), ("max_message_size", hi)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise rd.err((key,), f"'{key}' must be a non-negative integer")
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= NO_MAX_SIZE:
+            raise rd.err((key,), f"'{key}' must be an integer from 0 to {NO_MAX_SIZE} (the loader's uint64)")
+    if lo > hi:
+        raise rd.err(("min_message_size",), f"min_message_size={lo} is more than max_message_size={hi}: "
+                                            f"the plan would serve no size")
+    align = plan.get("buffer_alignment", BUFFER_ALIGNMENT)
+    if not isinstance(align, int) or isinstance(align, bool) or not 1 <= align <= MAX_BUFFER_ALIGNMENT:
+        raise rd.err(("buffer_alignment",), f"'buffer_alignment' must be an integer from 1 to "
+                                            f"{MAX_BUFFER_ALIGNMENT}")
     if not reuse or not scratch:
         return lo, hi, None
-    align = plan.get("buffer_alignment", BUFFER_ALIGNMENT)
-    if not isinstance(align, int) or isinstance(align, bool) or align < 1:
-        raise rd.err(("buffer_alignment",), "'buffer_alignment' must be a positive integer")
     room = SHARED_SCRATCH_BYTES // (2 if double else 1)
     chunk = room // (scratch * (2 if proto == "LL" else 1)) // align * align
     nchunks = oc if coll == "allgather" else ic

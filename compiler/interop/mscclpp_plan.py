@@ -47,6 +47,12 @@ MAX_DEVICE_SYNCERS = 16
 #: byte offsets and sizes of an operation are uint32 in the device plan
 MAX_BYTE_OFFSET = (1 << 32) - 1
 BUFFER_ALIGNMENT = 16
+#: the largest ``buffer_alignment`` read: byte offsets are uint32 (above), so a larger one aligns
+#: nothing the device plan can address
+MAX_BUFFER_ALIGNMENT = 1 << 32
+#: ``num_threads_per_block`` at most: the most threads a CUDA or HIP thread block may have
+#: (``maxThreadsPerBlock`` of every NVIDIA GPU since sm_20 and of every AMD GPU HIP targets)
+MAX_THREADS_PER_BLOCK = 1024
 #: the executor's scratch buffer shared by the plans that set ``reuse_resources``
 #: (``PREDFINED_SCRATCH_SIZE`` in execution_common.hpp: 64 MiB; half per call with a double buffer)
 SHARED_SCRATCH_BYTES = 1 << 26
@@ -102,7 +108,7 @@ class PlanLimits:
     max_buffers_per_op: int = MAX_LOCAL_BUFFER_PER_OPERATION + MAX_CHANNEL_PER_OPERATION
     max_semaphores_per_op: int = MAX_DEVICE_SEMAPHORES
     max_tbs: int = 108
-    threads_per_block: int = 1024
+    threads_per_block: int = MAX_THREADS_PER_BLOCK
 
     def __post_init__(self):
         if self.max_operations < 8:
@@ -124,6 +130,7 @@ def looks_like_plan(obj) -> bool:
 
 
 __all__ = ["MAX_GROUP_PARTS", "SHARED_SCRATCH_BYTES", "MAX_PLAN_SLOTS", "MAX_OPERATION", "MAX_CHANNEL", "MAX_CHANNEL_PER_OPERATION", "MAX_LOCAL_BUFFER_PER_OPERATION",
-           "MAX_DEVICE_SEMAPHORES", "MAX_DEVICE_SYNCERS", "MAX_BYTE_OFFSET", "BUFFER_ALIGNMENT", "NO_MAX_SIZE",
+           "MAX_DEVICE_SEMAPHORES", "MAX_DEVICE_SYNCERS", "MAX_BYTE_OFFSET", "BUFFER_ALIGNMENT", "MAX_BUFFER_ALIGNMENT",
+           "MAX_THREADS_PER_BLOCK", "NO_MAX_SIZE",
            "PROTOCOLS", "COLLECTIVES", "LETTER_OF_BUF", "BUF_OF_LETTER", "CONTROL_OPS", "OP_NAMES",
            "PlanLimits", "looks_like_plan"]

@@ -53,6 +53,7 @@ import numpy as np
 
 from hccc.util.limits import loads_json
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.compiler.cluster.topo_limits import MAX_BANDWIDTH_GBPS, MAX_LATENCY_US, MIN_BANDWIDTH_GBPS
 from hccc.compiler.cluster.topology import MAX_LOGICAL_CAPACITY, CapacityError, Topology, TopologyBuilder
 from hccc.util.plural import plural
 
@@ -103,7 +104,8 @@ class _Profile:
             raise self.err(key, f"\"{key}\" = {v} is out of range ({lo}..{hi})")
         return v
 
-    def number(self, key: str, value=None, *, positive: bool, what: str | None = None) -> Fraction:
+    def number(self, key: str, value=None, *, positive: bool, what: str | None = None,
+               hi: int = 10 ** 12) -> Fraction:
         v = self.need(key) if value is None else value
         what = what or f"\"{key}\""
         if isinstance(v, bool) or not isinstance(v, (int, Decimal)):
@@ -113,8 +115,8 @@ class _Profile:
             raise self.err(key, f"{what} must be > 0, got {v}")
         if not positive and f < 0:
             raise self.err(key, f"{what} must be >= 0, got {v}")
-        if f > 10 ** 12:
-            raise self.err(key, f"{what} = {v} is too large")
+        if f > hi:
+            raise self.err(key, f"{what} = {v} is too large (at most {hi})")
         return f
 
     def string(self, key: str, default: str | None = None) -> str | None:
@@ -165,7 +167,13 @@ def _bandwidth(p: _Profile, key: str, beta: Fraction, chunk: int, what: str) -> 
     """GB/s moving ``chunk`` bytes in ``beta`` microseconds."""
     if beta <= 0:
         raise p.err(key, f"{what} must be > 0 (a beta is the time to move one chunk)")
-    return Fraction(chunk) / (beta * 1000)
+    bw = Fraction(chunk) / (beta * 1000)
+    if not MIN_BANDWIDTH_GBPS <= bw <= MAX_BANDWIDTH_GBPS:
+        side = "more" if bw > MAX_BANDWIDTH_GBPS else "less"
+        raise p.err(key, f"{what} = {_plain(Decimal(beta.numerator) / beta.denominator)} us per {chunk}-byte "
+                         f"chunk gives {side} bandwidth than a link may have ({float(MIN_BANDWIDTH_GBPS):g} .. "
+                         f"{MAX_BANDWIDTH_GBPS:g} GB/s, as in a .topo cluster)")
+    return bw
 
 
 @dataclass
@@ -232,7 +240,7 @@ def _read_node(p: _Profile, name: str) -> _Node:
         raise p.err("nnodes", f"{nnodes} nodes x {G} GPUs is more than {MAX_RANKS} GPUs")
     kind = _wiring(p, pname)
     chunk = p.integer("chunk_size", 1, 1 << 40, default=_chunk_from_name(pname) or (1 << 20))
-    alpha = p.number("alpha", positive=False)
+    alpha = p.number("alpha", positive=False, hi=MAX_LATENCY_US)
     vendor = (p.string("vendor", "nvidia") or "nvidia").lower()
     if vendor not in ("nvidia", "amd"):
         raise p.err("vendor", f"unknown vendor '{vendor}' (expected nvidia or amd)")
@@ -247,7 +255,7 @@ def _read_node(p: _Profile, name: str) -> _Node:
                               why=" (needed to join several nodes)")
         if G % node.nics:
             raise p.err("nics_per_node", f"{G} GPUs cannot be split evenly over {node.nics} NICs")
-        node.r_alpha = p.number("remote_alpha", positive=False)
+        node.r_alpha = p.number("remote_alpha", positive=False, hi=MAX_LATENCY_US)
         node.r_beta = p.number("remote_beta", positive=True)
     return node
 

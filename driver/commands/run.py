@@ -459,6 +459,10 @@ def run(args) -> int:
         sys.stderr.write("hccc run: error: --resident-blocks needs --backend cpu\n")
         return 2
     combos, left_out = instance_combos(args.dtype, args.op)
+    why = _sizes_error(sweep_sizes(args), [dtype for dtype, _ in combos])
+    if why:     # before any table runs: -d all once ran four tables, then stopped at int64
+        sys.stderr.write(f"hccc run: error: {why}\n")
+        return 2
     say_notes("run", noop_notes(args, "run") + ([left_out] if left_out else []), json_mode=args.json)
     status = 0
     for dtype, op in combos:
@@ -468,6 +472,18 @@ def run(args) -> int:
         if status not in (0, 1):
             break
     return status
+
+
+def _sizes_error(sweep, dtypes) -> str | None:
+    """Why a size of the sweep cannot run for one of ``dtypes`` (not a whole number of its
+    elements), or None."""
+    from hccc.runtime.launcher import ELEMENT_BYTES
+    for dtype in dict.fromkeys(dtypes):
+        es = ELEMENT_BYTES[dtype]
+        bad = [b for b in sweep.sizes if b % es]
+        if bad:
+            return f"size {bad[0]} is not a whole number of {dtype} elements ({es} bytes each)"
+    return None
 
 
 def _run_one(args) -> int:
@@ -542,10 +558,9 @@ def _plan(args):
 
     sweep = sweep_sizes(args)
     es = ELEMENT_BYTES[args.dtype]
-    bad = [b for b in sweep.sizes if b % es]
-    if bad:
-        sys.stderr.write(f"hccc run: error: size {bad[0]} is not a whole number of {args.dtype} "
-                         f"elements ({es} bytes each)\n")
+    why = _sizes_error(sweep, [args.dtype])
+    if why:
+        sys.stderr.write(f"hccc run: error: {why}\n")
         return 2
     # a slot of the default size, smaller where the FIFOs would not fit (programs lowered here:
     # .rccl, MSCCL XML, MSCCL++ plans; a ProgramIR or compiled output runs as given)

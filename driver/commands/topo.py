@@ -266,8 +266,13 @@ def run_import(args) -> int:
     from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
     from hccc.compiler.cluster.hierarchy import hierarchy
     from hccc.compiler.cluster.machine import write_topology
+    from hccc.compiler.cluster.topo_limits import MAX_NODES
 
     inputs = list(args.from_nccl or args.from_smi or [])
+    if len(inputs) > MAX_NODES:     # one file per node: refused before any is read
+        sys.stderr.write(f"hccc topo: error: {len(inputs)} files, one per node: a cluster has at most "
+                         f"{MAX_NODES} nodes\n")
+        return 2
     if args.output:
         check_output_file(args.output, inputs)     # before the work: never over an input, a device, a link
     nodes, what, paths = _import(args)
