@@ -114,7 +114,7 @@ def unit_graph(program, m: int, nslots: int | None = NSLOTS):
 def ll_chains(program, m: int) -> list[range]:
     """The fused LL chains the engine forms at ``m`` micro-batches a primitive, as row ranges: the
     rows codegen marks (:func:`hccc.compiler.ir.ll_chains.chain_rows`: fused primitives of
-    :data:`CHAIN_PIECES` chunk, no direct row, awaiting no dependency and awaited by none, in runs
+    :data:`CHAIN_PIECES` chunk, awaiting no dependency and awaited by none, in runs
     on one block's receive and send connections) cut into chains of ``min(CHAIN_PRIMS, NSLOTS //
     m)`` rows, none past ``NSLOTS`` micro-batches (:func:`~hccc.compiler.ir.ll_chains.chain_pieces`,
     ``hccc_chain_enter``). The launch-wide conditions are :func:`chain_units`'; under AVG of a

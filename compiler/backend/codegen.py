@@ -122,6 +122,8 @@ def _template_env() -> jinja2.Environment:
     env.globals["types"] = dtypes_table   # and every element type and reduction operator
     env.globals["engine"] = engine_shape   # and the copy engine's vectors in flight a thread
     env.globals["prim_table"] = prim_table   # the decoded-primitive table's budget
+    from hccc.compiler.ir import ll_chains
+    env.globals["ll_chains"] = ll_chains   # the platforms whose kernels run fused LL chains
     return env
 
 

@@ -79,7 +79,7 @@ def pd_columns(ir, col, dx: dict | None = None) -> dict[str, np.ndarray]:
         **{k: (as64(dx[k]) if dx is not None else np.zeros(ir.nprims, np.int64))
            for k in ("direct", "dpeer", "pbuf", "poff", "pbase")},
         "nsrc": nsrc,
-        "chain": chain_rows(ir, direct),
+        "chain": chain_rows(ir),
     }
 
 

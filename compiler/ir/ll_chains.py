@@ -13,16 +13,17 @@ of that many rows (:func:`chain_pieces`, the kernel cost model's reading). What 
 condition under which a chain moves what its rows move, in their order:
 
 - every row is a fused op (RECV_COPY_SEND, RECV_REDUCE_SEND, RECV_REDUCE_COPY_SEND) of 1 to
-  :data:`CHAIN_PIECES` chunks, not a direct-mode row (:mod:`hccc.compiler.backend.direct_fields`:
-  its data does not travel as LL lines), that awaits no progress counter and that no row awaits (a
-  chain waits once, for its sent slots, and posts only its received slots' head);
+  :data:`CHAIN_PIECES` chunks that awaits no progress counter and that no row awaits (a chain
+  waits once, for its sent slots, and posts only its received slots' head); a direct-mode row
+  (:mod:`hccc.compiler.backend.direct_fields`) is one too: an LL launch has no peers array, so it
+  takes the FIFO path, as LL lines, like every row of the launch;
 - the rows follow each other in one thread block on one receive and one send connection (one
   rank, block, receive peer, send peer and channel), so that their messages follow each other on
   both, and a chain's slots are consecutive.
 
-Launch-wide conditions stay the engine's (``hccc_chain_mark``): an LL launch of at most ``NSLOTS``
-micro-batches, a decoded primitive table (the links are its entries), and no AVG scaling of a
-floating type (the data threads pick the scaling once a descriptor).
+Launch-wide conditions stay the engine's (``hccc_chain_mark``): an LL launch (no peers array) of
+at most ``NSLOTS`` micro-batches, a decoded primitive table (the links are its entries), and no AVG
+scaling of a floating type (the data threads pick the scaling once a descriptor).
 """
 from __future__ import annotations
 
@@ -30,22 +31,30 @@ import numpy as np
 
 from hccc.compiler.ir.program_ir import Op, ProgramIR
 
-__all__ = ["CHAIN_PRIMS", "CHAIN_PIECES", "FUSED_OPS", "chain_rows", "chain_pieces"]
+__all__ = ["CHAIN_PRIMS", "CHAIN_PIECES", "FUSED_OPS", "CHAIN_PLATFORMS", "chain_rows", "chain_pieces"]
 
 #: The most rows one chain holds (``HCCC_CHAIN_PRIMS`` of the engine): a chain's links and its
 #: units' descriptors are shared memory of the block (``hccc_chain``, ``hccc_unit``)
 CHAIN_PRIMS = 8
 #: The chunks a chain's row moves (``HCCC_CHAIN_PIECES``): one piece a unit, as fused primitives move
 CHAIN_PIECES = 1
+#: The platforms whose kernels run chains (``HCCC_LL_CHAINS`` 1; the template renders it from this):
+#: the CPU emulation and CUDA, not HIP. With chains the engine keeps 64 VGPRs with no spill on
+#: gfx90a, but its frame (the callee-saved VGPRs it saves at its entry) grows from 64 to 96 bytes
+#: (ring AllReduce 8 float32 sum, ROCm 5.2 hipcc, ``ScratchSize``), and a rank kernel, which adds
+#: 176 bytes of its own (its by-value ``hccc_args``, whose address it passes to the engine), reaches
+#: 272 bytes against the 256 the AMD register test holds a kernel to
+#: (``tests/test_kernel_registers_amd.py``, the strict xfail that builds HIP with chains on). A HIP
+#: build runs every fused LL row unit by unit.
+CHAIN_PLATFORMS = ("cpu", "cuda")
 #: The ops a chain's rows are
 FUSED_OPS = (int(Op.RECV_COPY_SEND), int(Op.RECV_REDUCE_SEND), int(Op.RECV_REDUCE_COPY_SEND))
 
 
-def chain_rows(ir: ProgramIR, direct: np.ndarray | None = None) -> np.ndarray:
+def chain_rows(ir: ProgramIR) -> np.ndarray:
     """``chain`` per row of ``ir`` (canonical order; int64): in a run of chain rows (the module
     docstring's conditions), the run's rows from this one on, at most :data:`CHAIN_PRIMS`; 0
-    elsewhere. ``direct``: the rows'
-    direct-mode field (None: no direct row)."""
+    elsewhere."""
     n = int(ir.nprims)
     out = np.zeros(n, np.int64)
     if n == 0:
@@ -56,8 +65,6 @@ def chain_rows(ir: ProgramIR, direct: np.ndarray | None = None) -> np.ndarray:
     awaited[np.asarray(ir.dep_prim, np.int64)] = True
     awaited[np.asarray(ir.dep_on, np.int64)] = True
     link = np.isin(p["op"].astype(np.int64), FUSED_OPS) & (cnt >= 1) & (cnt <= CHAIN_PIECES) & ~awaited
-    if direct is not None:
-        link &= np.asarray(direct, np.int64) == 0
     same = np.zeros(n, bool)
     same[1:] = link[1:] & link[:-1]
     for k in ("rank", "tb", "recv_peer", "send_peer", "channel"):
