@@ -1,6 +1,6 @@
 """Fused LL chains (docs/kernel-protocol.md "Fused LL chains"): consecutive fused primitives of a
 thread block on one pair of connections run, under LL, in the data threads line by line, every
-micro-batch of each, handed over once (hccc_chain_build, hccc_chain_pieces in hccc_prims.h).
+micro-batch of each, handed over once (hccc_chain_enter, hccc_chain_prepare in hccc_prims.h).
 
 * the emitted kernels on the CPU emulation compute what the reference executor computes, for
   random valid programs of every collective lowered with fusion, under LL (uneven counts, dtypes,
@@ -10,7 +10,10 @@ micro-batch of each, handed over once (hccc_chain_build, hccc_chain_pieces in hc
   (:func:`chains_of`), against the kernel cost model's reading of the same rule
   (:func:`hccc.runtime.kernel_time.ll_chains`);
 * the model: a chain's units cost their lines alone, its hand-over one unit's fixed cost off the
-  path (it waits for no data), by hand on the fused ring AllReduce.
+  path (it waits for no data), by hand on the fused ring AllReduce;
+* the marks codegen emits (``hccc_pd::chain``, hccc.compiler.ir.ll_chains) are the chains found
+  here, and the CPU emulation, which compiles the CUDA build's chain code, hands its data threads
+  one descriptor per chain (traced through a test build's ``HCCC_TEST_CHAIN_HOOK``).
 """
 from __future__ import annotations
 
