@@ -4,7 +4,8 @@ hardware shows in the code nvcc (PTX and SASS, sm_90) and hipcc (gfx90a and gfx1
 Every kernel runs one engine per (dtype, op): ``hccc_run`` (hccc_prims.h), which calls nothing on
 its per-unit path but the once-per-block ``hccc_launch_init`` and ``hccc_ptable_decode`` (a
 program whose blocks decode their primitives into a shared-memory table at launch, as the example's)
-or the once-per-primitive ``hccc_sprim_load`` (one over the table's budget) and, on a timeout,
+or the once-per-primitive ``hccc_sprim_load`` (one over the table's budget), the once-per-chain
+``hccc_chain_enter`` (a fused LL chain's links, read from the table) and, on a timeout,
 ``hccc_report_stuck``.
 
 - Copy/reduce loops (in ``hccc_run``): every unrolled loop issues at least 4 independent 16-byte
