@@ -31,6 +31,7 @@ import numpy as np
 
 from hccc.compiler.ir.connections import describe_prim, match_connections
 from hccc.compiler.ir.extents import check_extents
+from hccc.compiler.ir.levels import graph_levels
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 from hccc.compiler.ir.program_ir_json import decode_json
 from hccc.util.plural import plural, plural_noun
@@ -365,33 +366,11 @@ def _kahn(nnodes: int, src: np.ndarray, dst: np.ndarray, rng: np.random.Generato
 
     With ``rng`` the nodes of each level are shuffled (a random topological order).
     """
-    indeg = np.bincount(dst, minlength=nnodes).astype(np.int64)
-    o = stable_argsort(src)
-    csr_dst = dst[o]
-    ptr = np.zeros(nnodes + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=nnodes), out=ptr[1:])
-    frontier = np.flatnonzero(indeg == 0)
-    out = []
-    done = 0
-    while len(frontier):
-        if rng is not None:
-            frontier = rng.permutation(frontier)
-        out.append(frontier)
-        done += len(frontier)
-        st = ptr[frontier]
-        cnt = ptr[frontier + 1] - st
-        tot = int(cnt.sum())
-        if not tot:
-            break
-        rep = np.repeat(st - np.r_[0, np.cumsum(cnt)[:-1]], cnt)
-        tg = csr_dst[rep + np.arange(tot)]
-        u, c = np.unique(tg, return_counts=True)
-        indeg[u] -= c
-        frontier = u[indeg[u] == 0]
-    order = np.concatenate(out) if out else np.zeros(0, np.int64)
-    remaining = np.ones(nnodes, dtype=bool)
-    remaining[order] = False
-    return order, remaining
+    level = graph_levels(nnodes, src, dst)
+    done = np.flatnonzero(level >= 0)
+    tie = rng.permutation(nnodes)[done] if rng is not None else done
+    order = done[np.lexsort((tie, level[done]))]
+    return order, level < 0
 
 
 def check_deadlock(ir: ProgramIR, groups=None) -> None:
