@@ -44,7 +44,7 @@ from typing import Callable
 import numpy as np
 
 from hccc.compiler.frontend.collectives import ALL, DEST, OWN, ROOT, spec_of
-from hccc.compiler.ir.check import describe_prim, match_connections
+from hccc.compiler.ir.check import CYCLE_EDGES_SHOWN, cycle_text, describe_prim, match_connections
 from hccc.compiler.ir.levels import NARROW_LEVEL, graph_levels
 from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
 from hccc.util.plural import plural, plural_noun
@@ -229,7 +229,9 @@ def check_deadlock_buffered(ir: ProgramIR, capacity: int | None = 1,
     cyc = _find_cycle(ir.nprims, src, dst)
     if cyc is None:
         return
-    text = "; ".join(f"{describe(b)} waits for {describe(a)}" for a, b in zip(cyc[-1:] + cyc[:-1], cyc))
+    pairs = list(zip(cyc[-1:] + cyc[:-1], cyc))
+    text = cycle_text([f"{describe(b)} waits for {describe(a)}" for a, b in pairs[:CYCLE_EDGES_SHOWN]],
+                      len(pairs))
     raise ProofError(f"deadlock: {text}", cyc[::-1], kind="deadlock")
 
 
