@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from hccc.compiler.frontend import generators as G
 from hccc.compiler.passes.build import build_program
-from hccc.compiler.ir.check import (load_ir_json, CYCLE_EDGES_SHOWN, DeadlockError, FifoOrderError, check_deadlock, check_fifo_order,
-                                    check_structure, match_connections)
+from hccc.compiler.ir.check import (load_ir_json, CYCLE_EDGES_SHOWN, DeadlockError, FifoOrderError, check_deadlock,
+                                    check_fifo_order, check_structure, match_connections)
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 from random_programs import algorithms
