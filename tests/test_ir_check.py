@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from hccc.compiler.frontend import generators as G
 from hccc.compiler.passes.build import build_program
-from hccc.compiler.ir.check import (load_ir_json, DeadlockError, FifoOrderError, check_deadlock, check_fifo_order,
-                                    check_structure, match_connections)
+from hccc.compiler.ir.check import (load_ir_json, CYCLE_EDGES_SHOWN, DeadlockError, FifoOrderError, check_deadlock,
+                                    check_fifo_order, check_structure, match_connections)
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 from random_programs import algorithms
@@ -50,6 +50,26 @@ def test_hand_built_deadlock_is_found():
     msg = str(ei.value)
     assert "deadlock" in msg and "rank 0 tb 0" in msg and "rank 1 tb 0" in msg
     assert set(ei.value.cycle) <= set(range(4)) and len(ei.value.cycle) >= 2
+
+
+def test_long_wait_cycle_message_is_bounded():
+    """A ring of R ranks each receiving before it sends waits around all of them: the message spells
+    out the first CYCLE_EDGES_SHOWN edges and counts the rest, the error holds every primitive."""
+    R = 3 * CYCLE_EDGES_SHOWN
+    prims = []
+    for r in range(R):
+        prims += [recv(r, 0, 0, (r - 1) % R, task=r), send(r, 0, 1, (r + 1) % R, task=(r + 1) % R)]
+    ir = make_ir(prims, R, [1] * R)
+    check_structure(ir)
+    check_fifo_order(ir)
+    with pytest.raises(DeadlockError) as ei:
+        check_deadlock(ir)
+    msg = str(ei.value)
+    edges = len(ei.value.cycle) // 2
+    assert edges >= R
+    assert msg.count(" waits for ") == CYCLE_EDGES_SHOWN
+    assert msg.endswith(f"and {edges - CYCLE_EDGES_SHOWN} more edges")
+    assert set(ei.value.cycle) == set(range(2 * R))
 
 
 def test_hand_built_exchange_without_deadlock():

@@ -183,22 +183,23 @@ def layouts(draw):
                      tb_id, np.zeros(nt, np.int64), tb.astype(np.int64), idx, z.copy(), np.zeros(n, bool))
 
 
-@given(layouts(), st.sampled_from([1, 2, 1 << 25]))
+@given(layouts(), st.sampled_from([1, 2, 1 << 25]), st.sampled_from([0, 2, mw.NARROW_LEVEL]))
 @settings(max_examples=examples(100), deadline=None)     # the thorough profile: ten times as many
-def test_vector_clocks_keep_exactly_the_waits_nothing_else_implies(lay, entries):
-    """On random layouts (and with ranks done one, two or all at a time): the kept waits keep each
+def test_vector_clocks_keep_exactly_the_waits_nothing_else_implies(lay, entries, narrow):
+    """On random layouts (and with ranks done one, two or all at a time; the waves of fewer than
+    ``narrow`` rows a row at a time, the others in numpy): the kept waits keep each
     rank's happens-before, and each kept wait is implied neither by its row's predecessor in its
     TB nor by another kept wait of the row (networkx reachability as the oracle)."""
     n = len(lay.rows)
     order = _program_order(lay)
     before = list(zip(lay.rows.wait_a.tolist(), lay.rows.wait_b.tolist()))
     full = _closure(n, [(b, a) for a, b in before] + order)
-    old = mw.CLOCK_ENTRIES
-    mw.CLOCK_ENTRIES = entries
+    old = mw.CLOCK_ENTRIES, mw.NARROW_LEVEL
+    mw.CLOCK_ENTRIES, mw.NARROW_LEVEL = entries, narrow
     try:
         mw.reduce_deps(lay)
     finally:
-        mw.CLOCK_ENTRIES = old
+        mw.CLOCK_ENTRIES, mw.NARROW_LEVEL = old
     kept = list(zip(lay.rows.wait_a.tolist(), lay.rows.wait_b.tolist()))
     assert set(kept) <= set(before)
     after = _closure(n, [(b, a) for a, b in kept] + order)

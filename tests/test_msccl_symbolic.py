@@ -21,6 +21,7 @@ from hccc.compiler.ir.symbolic import (ProofError, _tb_components, check_deadloc
                                        prove)
 from hccc.compiler.pipeline import load_program
 from hccc.compiler.ir.extents import check_extents
+from hccc.compiler.ir.levels import NARROW_LEVEL
 from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.runtime.reference import execute, expected, make_inputs
 from hccc.testing import valid_programs
@@ -108,7 +109,7 @@ def test_proof_agrees_with_the_reference_executor(case):
     assert _numeric_ok(ir, inplace)
 
 
-def _assert_happens_before_is_reachability(ir, seed, budget_cols, same_rank_only=True):
+def _assert_happens_before_is_reachability(ir, seed, budget_cols, same_rank_only=True, narrow=NARROW_LEVEL):
     n = ir.nprims
     g = nx.DiGraph()
     g.add_nodes_from(range(n))
@@ -127,26 +128,28 @@ def _assert_happens_before_is_reachability(ir, seed, budget_cols, same_rank_only
     pick = rng.choice(len(pairs), size=min(200, len(pairs)), replace=False)
     qa = np.array([pairs[k][0] for k in pick])
     qb = np.array([pairs[k][1] for k in pick])
-    # a tiny memory budget forces the column-block path
-    got = happens_before(ir, qa, qb, budget=4 * n * budget_cols)
+    # a tiny memory budget forces the column-block path; ``narrow`` mixes numpy's wide levels with
+    # the per-primitive narrow ones (0: every level in numpy)
+    got = happens_before(ir, qa, qb, budget=4 * n * budget_cols, narrow=narrow)
     want = np.array([nx.has_path(g, int(a), int(b)) for a, b in zip(qa, qb)])
     assert np.array_equal(got, want)
 
 
-@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.integers(0, 2 ** 31), st.integers(1, 64))
+@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.integers(0, 2 ** 31), st.integers(1, 64),
+       st.sampled_from([0, 2, 4, NARROW_LEVEL]))
 @settings(max_examples=40)
-def test_happens_before_is_reachability(alg, seed, budget_cols):
-    _assert_happens_before_is_reachability(build_program(alg), seed, budget_cols)
+def test_happens_before_is_reachability(alg, seed, budget_cols, narrow):
+    _assert_happens_before_is_reachability(build_program(alg), seed, budget_cols, narrow=narrow)
 
 
 @given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=4), st.integers(2, 3), st.integers(0, 2 ** 31),
-       st.integers(1, 8))
+       st.integers(1, 8), st.sampled_from([0, 3, NARROW_LEVEL]))
 @settings(max_examples=15)
-def test_happens_before_across_independent_instances(alg, instances, seed, budget_cols):
+def test_happens_before_across_independent_instances(alg, instances, seed, budget_cols, narrow):
     """MSCCL instances are disjoint components of the thread-block graph: their clock columns share
     storage, and a query between two components is never ordered."""
     ir = import_xml_text(export_xml(build_program(alg), instances=instances))
-    _assert_happens_before_is_reachability(ir, seed, budget_cols, same_rank_only=False)
+    _assert_happens_before_is_reachability(ir, seed, budget_cols, same_rank_only=False, narrow=narrow)
 
 
 @given(st.integers(1, 40).flatmap(lambda t: st.tuples(

@@ -25,6 +25,7 @@ The monotone properties, proved in exact arithmetic (the policy compares its can
 from __future__ import annotations
 
 from fractions import Fraction
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -275,11 +276,13 @@ def _unit_graph_longest(ir, m: int) -> int:
 
 
 @given(alg=valid_programs(["allgather", "allreduce", "broadcast", "reducescatter", "alltoall"], max_ranks=5),
-       fuse=st.booleans())
+       fuse=st.booleans(), narrow=st.sampled_from([0, 2, slicing.NARROW_LEVEL]))
 @settings(max_examples=25, deadline=None)
-def test_the_critical_path_is_the_unit_graphs_longest_path(alg, fuse):
+def test_the_critical_path_is_the_unit_graphs_longest_path(alg, fuse, narrow):
+    """``narrow``: the levels of fewer edges done per edge, the others in numpy (0: all in numpy)."""
     ir = build_program(alg, chunk_bytes=256, fuse=fuse)
-    cp = critical_path(ir)
+    with mock.patch.object(slicing, "NARROW_LEVEL", narrow):
+        cp = critical_path(ir)
     assert cp.samples[0] == 1 and cp.samples[-1] >= 2 * cp.longest_chain
     last = cp.samples[-1]
     for m in (1, 2, 3, 4, 5, 6, last, last + 3):

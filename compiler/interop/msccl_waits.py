@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hccc.compiler.ir.levels import NARROW_LEVEL
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort
 
 
@@ -23,6 +24,27 @@ def _ranges(ptr: np.ndarray, nodes: np.ndarray) -> np.ndarray:
     if not tot:
         return np.zeros(0, np.int64)
     return np.repeat(lo - np.cumsum(ln) + ln, ln) + np.arange(tot)
+
+
+def _narrow_wave(frontier: list, vc, prev, nxt, a, b, by_b, in_ptr, out_ptr, indeg, mtb, idx) -> np.ndarray:
+    """One wave of fewer than NARROW_LEVEL rows as :func:`_reduce_batch`'s numpy wave computes it,
+    a row at a time (a deep rank, a wave per row, costs per row, not a numpy step per wave):
+    each row's clock from its predecessor's and its waits', its own entry ticked; the next wave."""
+    ready = []
+    for v in frontier:
+        row = vc[v]
+        row[:] = vc[prev[v]]
+        for j in range(in_ptr[v], in_ptr[v + 1]):
+            np.maximum(row, vc[b[j]], out=row)
+        row[mtb[v]] = idx[v] + 1
+        succ = a[by_b[out_ptr[v]:out_ptr[v + 1]]].tolist()
+        if nxt[v] >= 0:
+            succ.append(int(nxt[v]))
+        for w in succ:
+            indeg[w] -= 1
+            if not indeg[w]:
+                ready.append(w)
+    return np.asarray(sorted(ready), np.int64)
 
 
 #: clock entries (rows x thread blocks of a rank) held at once: ranks are done in batches this big
@@ -99,6 +121,10 @@ def _reduce_batch(nodes: np.ndarray, prev_g: np.ndarray, a_g: np.ndarray, b_g: n
     frontier = np.flatnonzero(indeg == 0)
     done = 0
     while len(frontier):
+        if len(frontier) < NARROW_LEVEL:     # a narrow wave: a row operation per row and wait
+            done += len(frontier)
+            frontier = _narrow_wave(frontier.tolist(), vc, prev, nxt, a, b, by_b, in_ptr, out_ptr, indeg, mtb, idx)
+            continue
         vc[frontier] = vc[prev[frontier]]
         e = _ranges(in_ptr, frontier)
         if len(e):       # waits of one row are adjacent: reduce them, then merge into its clock

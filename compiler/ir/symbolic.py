@@ -21,10 +21,10 @@ and AllToAll ``input = output``) and a COPY whose source and destination coincid
 Order. The value computed is the value of *every* execution only if no two primitives that touch
 one slot (one of them writing) can run in either order. Happens-before is program order within a
 TB, cross-TB dependencies, and "a send happens before its matched receive". :func:`check_races`
-decides it exactly with vector clocks (one clock entry per thread block, computed level by level in
-numpy, in column blocks to bound memory): sorting the accesses of each slot in one topological
-order, it suffices that every access is ordered after the previous write and every read before the
-next write. The symbolic run then follows that same topological order, one primitive at a time
+decides it exactly with vector clocks (one clock entry per thread block, computed level by level,
+wide levels in numpy and narrow ones per primitive, in column blocks to bound memory): sorting the
+accesses of each slot in one topological order, it suffices that every access is ordered after the
+previous write and every read before the next write. The symbolic run then follows that same topological order, one primitive at a time
 (a receive takes the values its matched send put on the wire).
 
 Deadlocks. Happens-before itself must be acyclic (:func:`prim_order`). For MSCCL's execution --
@@ -44,7 +44,8 @@ from typing import Callable
 import numpy as np
 
 from hccc.compiler.frontend.collectives import ALL, DEST, OWN, ROOT, spec_of
-from hccc.compiler.ir.check import describe_prim, match_connections
+from hccc.compiler.ir.check import CYCLE_EDGES_SHOWN, cycle_text, describe_prim, match_connections
+from hccc.compiler.ir.levels import NARROW_LEVEL, graph_levels
 from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
 from hccc.util.plural import plural, plural_noun
 
@@ -181,23 +182,7 @@ def _edges(ir: ProgramIR, capacity: int | None = None) -> tuple[np.ndarray, np.n
 
 def _find_cycle(n: int, src: np.ndarray, dst: np.ndarray) -> list[int] | None:
     """Some cycle of the directed graph as a node list (each waits for the previous), or None."""
-    indeg = np.bincount(dst, minlength=n).astype(np.int64)
-    o = np.argsort(src, kind="stable")
-    csr = dst[o]
-    ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
-    done = np.zeros(n, bool)
-    frontier = np.flatnonzero(indeg == 0)
-    while len(frontier):
-        done[frontier] = True
-        st = ptr[frontier]
-        cnt = ptr[frontier + 1] - st
-        if not int(cnt.sum()):
-            break
-        tg = csr[_ragged(st, cnt)]
-        u, c = np.unique(tg, return_counts=True)
-        indeg[u] -= c
-        frontier = u[indeg[u] == 0]
+    done = graph_levels(n, src, dst) >= 0
     if done.all():
         return None
     # walk backwards through unfinished predecessors until a node repeats
@@ -244,7 +229,9 @@ def check_deadlock_buffered(ir: ProgramIR, capacity: int | None = 1,
     cyc = _find_cycle(ir.nprims, src, dst)
     if cyc is None:
         return
-    text = "; ".join(f"{describe(b)} waits for {describe(a)}" for a, b in zip(cyc[-1:] + cyc[:-1], cyc))
+    pairs = list(zip(cyc[-1:] + cyc[:-1], cyc))
+    text = cycle_text([f"{describe(b)} waits for {describe(a)}" for a, b in pairs[:CYCLE_EDGES_SHOWN]],
+                      len(pairs))
     raise ProofError(f"deadlock: {text}", cyc[::-1], kind="deadlock")
 
 
@@ -258,31 +245,8 @@ def execution_order(ir: ProgramIR, describe=None) -> tuple[np.ndarray, np.ndarra
 
 def _levels(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
     """Longest-path level of every node of a DAG (sources are level 0); None if there is a cycle."""
-    indeg = np.bincount(dst, minlength=n).astype(np.int64)
-    o = np.argsort(src, kind="stable")
-    csr = dst[o]
-    ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
-    level = np.zeros(n, np.int64)
-    frontier = np.flatnonzero(indeg == 0)
-    lv = 0
-    seen = 0
-    while len(frontier):
-        level[frontier] = lv
-        seen += len(frontier)
-        st = ptr[frontier]
-        cnt = ptr[frontier + 1] - st
-        tot = int(cnt.sum())
-        if not tot:
-            break
-        tg = csr[_ragged(st, cnt)]
-        u, c = np.unique(tg, return_counts=True)
-        indeg[u] -= c
-        frontier = u[indeg[u] == 0]
-        lv += 1
-    if seen != n:
-        return None
-    return level
+    level = graph_levels(n, src, dst)
+    return None if (level < 0).any() else level
 
 
 def _tb_components(T: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -312,7 +276,22 @@ def _tb_components(T: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         lab = new
 
 
-def happens_before(ir: ProgramIR, qa: np.ndarray, qb: np.ndarray, budget: int = VC_BUDGET) -> np.ndarray:
+def _wide_clock_step(vc: np.ndarray, src: np.ndarray, dst: np.ndarray, nodes: np.ndarray,
+                     mine: np.ndarray, own: np.ndarray, seq: np.ndarray) -> None:
+    """One level's clocks in numpy: the level's in-edges ``src -> dst`` (sorted by ``dst``) merged
+    into their targets' clocks, then its ``nodes`` on a thread block of this column block
+    (``mine``) tick their own entry (column ``own``) to ``seq + 1``."""
+    if len(dst):
+        starts = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]])
+        red = np.maximum.reduceat(vc[src], starts, axis=0)
+        ud = dst[starts]
+        vc[ud] = np.maximum(vc[ud], red)
+    nodes = nodes[mine[nodes]]
+    vc[nodes, own[nodes]] = seq[nodes] + 1
+
+
+def happens_before(ir: ProgramIR, qa: np.ndarray, qb: np.ndarray, budget: int = VC_BUDGET,
+                   narrow: int = NARROW_LEVEL) -> np.ndarray:
     """For each query ``i``: does primitive ``qa[i]`` happen before primitive ``qb[i]``?
 
     Exact (vector clocks over thread blocks). ``qa[i] != qb[i]`` is assumed. Only the thread
@@ -321,8 +300,10 @@ def happens_before(ir: ProgramIR, qa: np.ndarray, qb: np.ndarray, budget: int = 
     entries of different components share columns: a row holds the clocks of its own component's
     thread blocks only, and the width is the most queried thread blocks of one component.
 
-    The clocks advance a level at a time, a few numpy operations per level: numpy alone, no numba
-    kernel beside it. The kernel it once had (one edge and column at a time) ran 16-36x slower
+    The clocks advance a level at a time: a wide level in a few numpy operations, a narrow one
+    (fewer than ``narrow`` edges and nodes, :data:`hccc.compiler.ir.levels.NARROW_LEVEL`) a row
+    operation per edge and node, so a deep, narrow program costs per primitive, not a numpy
+    step per level (a 50,000-transfer chain: a level per primitive). No numba kernel beside it. The kernel it once had (one edge and column at a time) ran 16-36x slower
     than this loop as plain Python (``benchmarks/twins.py``, 960-3,968 primitives), so below
     numba's threshold it could not replace this loop; compiled it was 3.4-3.6x faster, for
     programs past 4 M clock entries only (docs/architecture.md, the row on numba).
@@ -342,8 +323,8 @@ def happens_before(ir: ProgramIR, qa: np.ndarray, qb: np.ndarray, budget: int = 
     g = tb_off[rank] + tb
     T = int(ntbs.sum())
     src, dst = _edges(ir)
-    level = _levels(n, src, dst)
-    if level is None:
+    level = graph_levels(n, src, dst, narrow)
+    if (level < 0).any():
         raise ValueError("happens-before graph has a cycle (run the deadlock check first)")
     comp = _tb_components(T, g[src], g[dst])
     # column of every queried thread block: its index among its component's queried thread blocks
@@ -364,6 +345,7 @@ def happens_before(ir: ProgramIR, qa: np.ndarray, qb: np.ndarray, budget: int = 
     width = max(1, min(W, budget // max(4 * n, 1)))
     gcol = col[g]
     qcol = gcol[qa]
+    eb_l, nb_l = ebound.tolist(), nbound.tolist()
     for c0 in range(0, W, width):
         c1 = min(W, c0 + width)
         w = c1 - c0
@@ -371,16 +353,18 @@ def happens_before(ir: ProgramIR, qa: np.ndarray, qb: np.ndarray, budget: int = 
         own = gcol - c0
         mine = (gcol >= c0) & (gcol < c1)
         for lv in range(nlev):
-            e0, e1 = int(ebound[lv]), int(ebound[lv + 1])
-            if e1 > e0:
-                d = dst[e0:e1]
-                starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
-                red = np.maximum.reduceat(vc[src[e0:e1]], starts, axis=0)
-                ud = d[starts]
-                vc[ud] = np.maximum(vc[ud], red)
-            nodes = order_n[nbound[lv]:nbound[lv + 1]]
-            nodes = nodes[mine[nodes]]
-            vc[nodes, own[nodes]] = seq[nodes] + 1
+            e0, e1 = eb_l[lv], eb_l[lv + 1]
+            n0, n1 = nb_l[lv], nb_l[lv + 1]
+            if e1 - e0 < narrow and n1 - n0 < narrow:
+                # a narrow level: a row operation per edge and node (a deep chain's levels)
+                for d, s in zip(dst[e0:e1].tolist(), src[e0:e1].tolist()):
+                    row = vc[d]
+                    np.maximum(row, vc[s], out=row)
+                for v in order_n[n0:n1].tolist():
+                    if mine[v]:
+                        vc[v, own[v]] = seq[v] + 1
+                continue
+            _wide_clock_step(vc, src[e0:e1], dst[e0:e1], order_n[n0:n1], mine, own, seq)
         sel = np.flatnonzero(same & (qcol >= c0) & (qcol < c1))
         a, bq = qa[sel], qb[sel]
         out[sel] = vc[bq, qcol[sel] - c0] >= seq[a] + 1

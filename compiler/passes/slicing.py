@@ -93,6 +93,7 @@ from fractions import Fraction
 import numpy as np
 
 from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, SLICE_ALIGN, SlicePolicy
+from hccc.compiler.ir.levels import NARROW_LEVEL, graph_levels
 from hccc.compiler.passes import kernel_cost
 
 # ---------------------------------------------------------------------------------------------
@@ -350,28 +351,15 @@ def _critical_path(program) -> CriticalPath:
     n, src, dst, is_tb = _graph(program)
     if n == 0:
         return CriticalPath.chain(1, 1)
-    # topological levels (Kahn), each level's out-edges kept for the pass below
-    indeg = np.bincount(dst, minlength=n).astype(np.int64)
-    o = np.argsort(src, kind="stable")
-    e_dst, e_tb = dst[o], is_tb[o]
-    ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
-    frontier = np.flatnonzero(indeg == 0)
-    levels, seen, depth = [], 0, 0
-    while len(frontier):
-        seen += len(frontier)
-        depth += 1
-        start, cnt = ptr[frontier], ptr[frontier + 1] - ptr[frontier]
-        tot = int(cnt.sum())
-        if not tot:
-            break
-        e = np.repeat(start, cnt) + (np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-        levels.append((np.repeat(frontier, cnt), e_dst[e], e_tb[e]))
-        u, c = np.unique(e_dst[e], return_counts=True)
-        indeg[u] -= c
-        frontier = u[indeg[u] == 0]
-    if seen != n:     # a cycle: no schedule runs it (the checks refuse it); its busiest block alone
+    # topological levels (linear: hccc.compiler.ir.levels), the edges taken a level of their
+    # sources at a time in the pass below
+    level = graph_levels(n, src, dst)
+    if (level < 0).any():     # a cycle: no schedule runs it (the checks refuse it); its busiest block alone
         return CriticalPath.chain(max(1, busiest_tb_prims(program)), 1)
+    depth = int(level.max()) + 1
+    o = np.argsort(level[src], kind="stable")
+    e_src, e_dst, e_tb = src[o], dst[o], is_tb[o]
+    bounds = np.searchsorted(level[e_src], np.arange(depth + 1)).tolist()
     # samples 1, 2, 4, ... up to twice the first power of two >= the longest chain (depth): the
     # lines' breakpoints all lie below it, so the last two samples' slope is the asymptotic one
     top = 1
@@ -382,7 +370,14 @@ def _critical_path(program) -> CriticalPath:
     # primitives); a path's units are that plus m_j - 1
     val = np.ones((n, len(ms)), dtype=np.int64)
     step = ms - 1
-    for u, v, tbe in levels:
+    for lv in range(depth):
+        e0, e1 = bounds[lv], bounds[lv + 1]
+        if e1 - e0 < NARROW_LEVEL:      # a narrow level: a row operation per edge
+            for u, v, tbe in zip(e_src[e0:e1].tolist(), e_dst[e0:e1].tolist(), e_tb[e0:e1].tolist()):
+                row = val[v]
+                np.maximum(row, val[u] + (1 + step if tbe else 1), out=row)
+            continue
+        u, v, tbe = e_src[e0:e1], e_dst[e0:e1], e_tb[e0:e1]
         cand = val[u] + 1 + np.where(tbe[:, None], step[None, :], 0)
         np.maximum.at(val, v, cand)
     units = val.max(axis=0) + step
