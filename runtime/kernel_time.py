@@ -15,9 +15,11 @@ connections, at most ``NSLOTS`` units, which the data threads run line by line, 
 costs its lines' loads at every unit, and its hand-over one unit's fixed cost after the block's
 previous unit (or the launch), which it waits for no data to take: its units wait for no barrier,
 fence or sync lane, so a line's path through a rank is a hop and the line's move (a structural
-reading of the engine, not a measurement; every build forms them, the CPU emulation, CUDA and HIP
-alike, where the kernels decode the program into a primitive table, :func:`chain_units`: the
-chain's links are its entries, marked by codegen, ``hccc_pd::chain``). It lives in the runtime
+reading of the engine, not a measurement, where the kernels decode the program into a primitive
+table, :func:`chain_units`: the chain's links are its entries, marked by codegen,
+``hccc_pd::chain``). Only the CPU emulation's kernels run chains today
+(:data:`hccc.compiler.ir.ll_chains.CHAIN_PLATFORMS`): for GPU builds the model predicts the design,
+not the kernels they run. It lives in the runtime
 layer because it counts the kernels' traffic as the emitted kernels move it.
 """
 from __future__ import annotations

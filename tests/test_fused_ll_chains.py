@@ -195,7 +195,7 @@ def chain_traced(tmp_path_factory):
 @needs_gxx
 @pytest.mark.parametrize("n,channels", [(4, 1), (5, 2)])
 def test_the_emulation_runs_every_marked_chain_as_one_descriptor(chain_traced, capfd, n, channels):
-    """The CPU emulation compiles the GPU builds' chain code (HCCC_LL_CHAINS 1 there as in CUDA)
+    """The CPU emulation compiles the GPU builds' chain code (HCCC_LL_CHAINS 1 there; GPU builds leave chains out, ll_chains.CHAIN_PLATFORMS)
     and runs it: fused ring AllReduce n under LL at one micro-batch hands the data threads one
     descriptor per chain chains_of finds (its links and units), in every block of every channel,
     and computes the reference; under Simple, none."""

@@ -122,7 +122,11 @@ def _per_entry(text: str) -> dict[str, dict]:
     ("ring_allreduce_8", "float32", "sum", (), True),
     ("ring_allreduce_8", "bfloat16", "max", (), True),
     ("hm_allreduce_4x8", "float32", "sum", (), True),
-    ("hm_allreduce_4x8", "bfloat16", "max", (), True)])
+    ("hm_allreduce_4x8", "bfloat16", "max", (), True),
+    # fused LL chains forced on (CUDA builds leave them out: hccc.compiler.ir.ll_chains.CHAIN_PLATFORMS)
+    pytest.param("ring_allreduce_8", "float32", "sum", ("-DHCCC_LL_CHAINS=1",), True, marks=pytest.mark.xfail(
+        strict=True, reason="with each connection's scope beside them, the chains' code spills 8 B in hccc_run "
+                            "(hccc.compiler.ir.ll_chains.CHAIN_PLATFORMS)"))])
 def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, example, dtype, op,
                                                                           defines, fuse, single):
     tool = require_tool("nvcc")

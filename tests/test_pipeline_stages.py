@@ -54,7 +54,7 @@ ORIGIN_JSON = {"source": "source", "execution": "execution", "gpus_per_node": "g
                "inplace": "msccl_inplace", "outofplace": "msccl_outofplace", "note": "note", "proto": "proto",
                "min_bytes": "minBytes", "max_bytes": "maxBytes"}
 ALLOCATION_JSON = {k: k for k in ("tb_alloc", "tbs_state_based", "tbs_connection_based", "tbs_per_rank_max",
-                                  "fused", "fusion", "phase_order_moved", "tb_alloc_kept")}
+                                  "fused", "fusion", "phase_order_moved", "tb_alloc_kept", "tbs_search_cut")}
 
 _text = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=12)
 _count = st.integers(0, 1 << 40)
@@ -67,7 +67,8 @@ allocations = st.builds(Allocation, tb_alloc=st.none() | st.sampled_from(["state
                         tbs_state_based=st.none() | _count, tbs_connection_based=st.none() | _count,
                         tbs_per_rank_max=st.none() | _count, fused=st.none() | _count,
                         fusion=st.none() | st.booleans(), phase_order_moved=st.none() | _count,
-                        tb_alloc_kept=st.none() | st.sampled_from(["state", "connection"]))
+                        tb_alloc_kept=st.none() | st.sampled_from(["state", "connection"]),
+                        tbs_search_cut=st.none() | _count)
 
 _RING = build_program(gen.ring_allreduce(4), chunk_bytes=256)
 

@@ -517,3 +517,52 @@ def test_sharing_is_the_definition_on_random_programs(jit, alg, fuse):
         mp.setenv("HCCC_JIT", jit)
         ir = allocate(low, "state")
     assert _ir_sharing(ir, low) == _oracle_sharing(low)
+
+
+@pytest.mark.parametrize("jit", JIT_MODES)
+@given(alg=st.one_of(valid_programs(max_ranks=6), algorithms(max_ranks=6)))
+@settings(max_examples=examples(15), deadline=None)
+def test_sharing_past_its_search_budget_shares_nothing_more(jit, alg):
+    """A rank whose sharing searches ran past their budget gives every later unit a thread block
+    of its own (spans alone can deadlock): with no budget at all, a rank's units share only where
+    the labels or an identical primitive decide without a search, so the tracks are exactly those
+    of the definition's sharing minus every pair that needed a search, every rank that asked one is
+    counted in ``tbs_search_cut``, and the program passes the deadlock check."""
+    from hccc.compiler.ir.check import DeadlockError, check_deadlock
+    from hccc.compiler.passes import tb_alloc
+    from hccc.compiler.passes.build import schedule_algorithm
+    if not alg.ntransfers:
+        return
+    dag = build_dag(alg)
+    low = lower(alg, dag, schedule_algorithm(alg, dag, "hpds"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HCCC_JIT", jit)
+        mp.setattr(tb_alloc, "SHARE_SEARCH_FLOOR", 0)
+        mp.setattr(tb_alloc, "SHARE_SEARCH_PER_PRIM", 0)
+        ir = allocate(low, "state")
+    exact = allocate(low, "state")
+    unit, urank, _, _ = connection_units(low)
+    for r in range(low.nranks):
+        units = int(np.count_nonzero(urank == r))
+        assert int(exact.ntbs[r]) <= int(ir.ntbs[r]) <= max(units, 1)
+    if ir.allocation.tbs_state_based > exact.allocation.tbs_state_based:
+        assert ir.allocation.tbs_search_cut
+    try:
+        check_deadlock(exact)
+    except DeadlockError:       # (a random program may deadlock however its units share)
+        return
+    check_deadlock(ir)
+
+
+def test_an_allocation_says_whether_its_search_budget_bound(monkeypatch):
+    """Within the budget, nothing is said and the tracks are the definition's; with none, the same
+    program (its sharing needs searches) keeps more thread blocks and says on how many ranks."""
+    from hccc.compiler.passes import tb_alloc
+    low = _lowered(random_program("allreduce", 6, 38, 1))
+    exact = allocate(low, "state")
+    assert exact.allocation.tbs_search_cut is None and _ir_sharing(exact, low) == _oracle_sharing(low)
+    monkeypatch.setattr(tb_alloc, "SHARE_SEARCH_FLOOR", 0)
+    monkeypatch.setattr(tb_alloc, "SHARE_SEARCH_PER_PRIM", 0)
+    cut = allocate(low, "state")
+    assert cut.allocation.tbs_state_based > exact.allocation.tbs_state_based
+    assert 1 <= cut.allocation.tbs_search_cut <= low.nranks

@@ -183,6 +183,9 @@ class Allocation:
     fusion: bool | None = None              #: fusion on after the deadlock back-off
     phase_order_moved: int | None = None    #: primitives the step order moved in their TB
     tb_alloc_kept: str | None = None        #: the allocation the cost model kept (None: not compared)
+    #: ranks whose thread-block sharing ran past its search budget, later units unshared there
+    #: (:data:`hccc.compiler.passes.tb_alloc.SHARE_SEARCH_PER_PRIM`; None: none)
+    tbs_search_cut: int | None = None
 
 
 #: the typed fields' entries in the JSON form's (and the manifest's) ``stats``: field -> (key, type)
@@ -192,7 +195,8 @@ RECORD_KEYS: dict[type, dict[str, tuple[str, type]]] = {
              "proto": ("proto", str), "min_bytes": ("minBytes", int), "max_bytes": ("maxBytes", int)},
     Allocation: {f: (f, t) for f, t in (("tb_alloc", str), ("tbs_state_based", int), ("tbs_connection_based", int),
                                           ("tbs_per_rank_max", int), ("fused", int), ("fusion", bool),
-                                          ("phase_order_moved", int), ("tb_alloc_kept", str))},
+                                          ("phase_order_moved", int), ("tb_alloc_kept", str),
+                                          ("tbs_search_cut", int))},
 }
 #: the values a typed string entry may take (others: any)
 RECORD_CHOICES = {"execution": ("task", "algorithm"), "tb_alloc": ("state", "connection"),

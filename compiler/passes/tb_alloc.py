@@ -50,6 +50,22 @@ SEND_DIR = 0
 RECV_DIR = 1
 
 
+#: the work of the sharing searches (the reachability of the module docstring), counted in
+#: wait-graph arcs followed: at most this many per primitive of the program, and at least
+#: :data:`SHARE_SEARCH_FLOOR`, split evenly over the ranks that share. Past its part, a rank's
+#: question left to a search counts as unreachable: the unit takes a thread block of its own, never
+#: a shared one the definition would refuse (spans alone are not enough: they can deadlock)
+#: (``Allocation.tbs_search_cut`` counts those ranks). Measured on the tree AllReduce hccc
+#: synthesises for 128 nodes of 8 H20s (4,190,208 primitives, up to 4,043 units a rank): the exact
+#: searches follow 0.28-0.93 G arcs a rank, 40 CPU s a rank compiled (about 11 hours for the
+#: program), and still give rank 0 3,133 thread blocks; 64 arcs a primitive make the whole
+#: allocation about 20 CPU s there
+SHARE_SEARCH_PER_PRIM = 64
+#: the least work of the sharing searches, whatever the program's size: no program of the examples
+#: or the tests comes near it (about 4 CPU s compiled), so their allocations are exact
+SHARE_SEARCH_FLOOR = 1 << 26
+
+
 def partition_intervals(start, end) -> tuple[np.ndarray, int]:
     """Assign closed intervals ``[start[i], end[i]]`` to the fewest tracks so no track holds two
     overlapping intervals. Returns (track per interval, number of tracks). Deterministic."""
@@ -200,7 +216,7 @@ def _unit_ends(low: LoweredProgram, unit: np.ndarray, nunits: int) -> tuple[np.n
 
 
 def _share(low: LoweredProgram, unit, urank, ustart, uend, bounds, sharing: list[int], state_tb,
-           state_count) -> None:
+           state_count) -> int:
     """State-based tracks of the units of the ranks ``sharing`` (the module docstring: sweeping
     each rank's units by span start, a unit takes the lowest-numbered track whose last unit ended
     before it starts and whose last primitive its first primitive waits for, else a new track),
@@ -222,13 +238,16 @@ def _share(low: LoweredProgram, unit, urank, ustart, uend, bounds, sharing: list
     order = lexsort((np.arange(nunits), uend, ustart, urank)).astype(np.int64)
     track = np.zeros(nunits, dtype=np.int64)
     count = np.zeros(len(bounds) - 1, dtype=np.int64)
+    cut = np.zeros(len(bounds) - 1, dtype=np.int64)
+    budget = max(SHARE_SEARCH_FLOOR, SHARE_SEARCH_PER_PRIM * low.nprims) // max(len(sharing), 1)
     share_tracks(order, bounds.astype(np.int64), np.asarray(sharing, dtype=np.int64), ustart, uend,
                  first.astype(np.int64), last.astype(np.int64), ptr, adj, graph.key_array,
-                 post1, low1, post2, low2, bool(ok1 and ok2), track, count)
+                 post1, low1, post2, low2, bool(ok1 and ok2), track, count, int(budget), cut)
     for r in sharing:
         lo, hi = int(bounds[r]), int(bounds[r + 1])
         state_tb[lo:hi] = track[lo:hi]
         state_count[r] = count[r]
+    return int(np.count_nonzero(cut))
 
 
 def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nwarps: int = 16,
@@ -249,6 +268,7 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
     state_tb = np.zeros(nunits, dtype=np.int64)
     conn_count = np.zeros(N, dtype=np.int64)
     state_count = np.zeros(N, dtype=np.int64)
+    search_cut = 0
     if nunits:
         bounds = np.searchsorted(urank, np.arange(N + 1))   # units are sorted by rank
         sharing = []                                        # ranks where interval partitioning shares
@@ -264,7 +284,7 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
             else:
                 sharing.append(r)
         if sharing:
-            _share(low, unit, urank, ustart, uend, bounds, sharing, state_tb, state_count)
+            search_cut = _share(low, unit, urank, ustart, uend, bounds, sharing, state_tb, state_count)
     has_local = np.zeros(N, dtype=bool)
     local = unit < 0
     has_local[low.cols["rank"][local]] = True
@@ -316,6 +336,8 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
             tbs_per_rank_max=int(ntbs.max()) if N else 0, fused=int(low.nfused),
             # primitives whose place in their TB the step order changed (0: none, or no phase)
             phase_order_moved=moved,
+            # ranks whose sharing searches ran past their budget (None: none did)
+            tbs_search_cut=search_cut or None,
         ), root=int(low.root))
     return ir
 

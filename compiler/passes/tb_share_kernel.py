@@ -84,10 +84,12 @@ def interval_labels(ptr, adj, reverse):
 
 
 def share_tracks(order, rank_ptr, todo, ustart, uend, first, last, ptr, adj, key,
-                 post1, low1, post2, low2, use_labels, track, count):
+                 post1, low1, post2, low2, use_labels, track, count, budget, cut):
     """Tracks of the units of every rank in ``todo`` (the state-based sharing of ``tb_alloc``'s
     module docstring): ``order[rank_ptr[r]:rank_ptr[r+1]]`` are rank ``r``'s units in sweep
-    order (span start, span end, unit); ``track[u]`` and ``count[r]`` are written."""
+    order (span start, span end, unit); ``track[u]`` and ``count[r]`` are written. A rank's
+    searches follow at most about ``budget`` wait-graph arcs: past it, a question left to a search
+    counts as unreachable (a new track, never a wrong share) and ``cut[r]`` counts those."""
     n = key.shape[0]
     seen = np.zeros(n, np.int64)
     stack = np.empty(max(n, 1), np.int64)
@@ -101,6 +103,8 @@ def share_tracks(order, rank_ptr, todo, ustart, uend, first, last, ptr, adj, key
     for t in range(todo.shape[0]):
         r = todo[t]
         nt = 0
+        used = 0
+        refused = 0
         for i in range(rank_ptr[r], rank_ptr[r + 1]):
             u = order[i]
             b = first[u]
@@ -108,6 +112,10 @@ def share_tracks(order, rank_ptr, todo, ustart, uend, first, last, ptr, adj, key
             s = ustart[u]
             k = 0
             found = False
+            # one mark per unit: the primitives a failed search from one tail visited cannot reach
+            # ``b`` (through primitives keyed at most ``kb``), so no later search for this unit
+            # enters them again
+            epoch += 1
             while k < nt:
                 v = tail[k]
                 if uend[v] < s:
@@ -117,14 +125,16 @@ def share_tracks(order, rank_ptr, todo, ustart, uend, first, last, ptr, adj, key
                     elif use_labels and (post1[b] > post1[a] or low1[a] > low1[b]
                                          or post2[b] > post2[a] or low2[a] > low2[b]):
                         found = False
-                    else:
-                        epoch += 1
+                    elif used >= budget:
+                        refused += 1
+                    elif seen[a] != epoch:
                         seen[a] = epoch
                         stack[0] = a
                         sp = 1
                         while sp > 0 and not found:
                             sp -= 1
                             x = stack[sp]
+                            used += ptr[x + 1] - ptr[x]
                             for j in range(ptr[x], ptr[x + 1]):
                                 y = adj[j]
                                 if y == b:
@@ -143,6 +153,7 @@ def share_tracks(order, rank_ptr, todo, ustart, uend, first, last, ptr, adj, key
             tail[k] = u
             track[u] = k
         count[r] = nt
+        cut[r] = refused
 
 
 #: once a process's sharing ranks could have asked about this many unit pairs (``m^2/2`` summed
