@@ -48,7 +48,7 @@ def test_everything_a_peer_touches_is_peer_memory(make):
     ir = build_program(make(), chunk_bytes=256)
     pf = RecordingCpu()
     with LocalJob(ir, backend=pf, kernel_timeout_s=20.0) as job:
-        res = job.run(count=1000 + 7)
+        res = job.run(count=1000 + 7, proto="simple")
         assert res.ok, res
         for r in range(ir.nranks):
             mem = job.comms[r].memory
