@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from hccc.compiler.frontend import generators as gen
-from hccc.compiler.passes.build import build_program
 from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.launcher import Runner
 
