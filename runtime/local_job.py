@@ -40,7 +40,7 @@ from hccc.runtime.alltoallv_call import buffer_lengths
 from hccc.runtime.bootstrap import local_bootstraps
 from hccc.runtime.call_buffers import call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
-from hccc.runtime.direct_peers import direct_receive_count, peers_blob, peers_usable
+from hccc.runtime.direct_peers import direct_receive_count, ll_note, peers_blob, peers_usable
 from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
@@ -196,6 +196,11 @@ class LocalJob:
         self.dtype = str(communicator_options.get("dtype", "float32"))
         #: the time of the last call launched together (:meth:`collective`), in microseconds
         self.last_time_us: float | None = None
+        #: what the last :meth:`run` / :meth:`run_v`'s protocol request changed, or None: why LL ran
+        #: Simple (:func:`~hccc.runtime.rank_memory.launch_proto`), or that its direct-mode receives
+        #: went through the FIFO as LL lines (:func:`~hccc.runtime.direct_peers.ll_note`), as the
+        #: single-process runner says it
+        self.proto_note: str | None = None
         #: (dtype, op) -> the one-grid entry (:class:`GridEntry`), built on first use
         self._grids: dict = {}
         #: one thread per rank that runs every call's step of that rank (:class:`RankThreads`),
@@ -511,6 +516,7 @@ class LocalJob:
             self.recover()
         finally:
             self._restore_call_options(kept)
+        self.proto_note = self._proto_note(together and direct)
         wrong = sum(v[0] for v in verdicts)
         first = next((v[1] for v in verdicts if v[1] is not None), None)
         coll_wrong, used = (verdicts[0][2], verdicts[0][3]) if verdicts else (-1, None)
@@ -522,6 +528,18 @@ class LocalJob:
                          oracle=used, outputs=outs if keep_outputs and stuck is None else None,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
                          checks=len(verdicts))
+
+    def _proto_note(self, direct: bool) -> str | None:
+        """The last call's :attr:`proto_note`: rank 0's (why LL ran Simple), else, for an LL call
+        launched with direct mode's peers array where the ranks can take one, that its direct-mode
+        receives went through the FIFO as LL lines."""
+        c0 = self.comms[0]
+        if c0.proto_note is not None or c0.last_proto != "ll" or not direct:
+            return c0.proto_note
+        if not peers_usable([c._pf for c in self.comms], [c.device for c in self.comms]):
+            return None
+        n = self.direct_receives()
+        return ll_note(self.ir.name, n) if n else None
 
     def _plan_ahead(self, count: int, es: int, proto: str, slice_bytes) -> None:
         """Before any rank makes a call of ``count`` elements of ``es`` bytes: the FIFOs grown to
@@ -716,6 +734,7 @@ class LocalJob:
             self.recover()
         finally:
             self._restore_call_options(kept)
+        self.proto_note = self._proto_note(together and direct)
         wrong, first = oracle.count_wrong(ir.collective, outs, want) if outs is not None else (0, None)
         per_rank = int(c.sum()) * es // max(N, 1)
         return RunResult(bytes=per_rank, count=per_rank // es, dtype=dtype, op="sum", inplace=bool(inplace),
