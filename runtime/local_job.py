@@ -48,7 +48,7 @@ from hccc.runtime.memory_limits import check_fifo_memory, check_run_memory
 from hccc.runtime.kernel_abi import Args, grid_first
 from hccc.runtime.kernel_watch import default_watchdog_s
 from hccc.compiler.backend.abi import NSLOTS
-from hccc.runtime.kernel_errors import IGNORES_ABORT, describe_stuck
+from hccc.runtime.kernel_errors import IGNORES_ABORT, WATCHDOG, describe_stuck
 from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, call_count, check_placement,
                                    program_layout, run_inputs)
 from hccc.runtime.platform import Instance, Platform, PlatformError
@@ -422,7 +422,12 @@ class LocalJob:
         """A failed run's ``stuck``: where the ranks' own kernels stuck, each rank's error record
         once (:func:`~hccc.runtime.kernel_errors.describe_stuck`, as the single-process runner
         says it), in rank order; where no kernel recorded one (a watchdog, a refused call), the
-        job's error."""
+        job's error. A rank whose kernel the host watchdog aborted says that first, in the words
+        the runner says it (:func:`~hccc.runtime.kernel_errors.watchdog_aborted`)."""
+        for c in self.comms:
+            at = (c._broken or "").find(WATCHDOG)
+            if at >= 0:
+                return c._broken[at:]
         said = []
         for c in self.comms:
             try:
