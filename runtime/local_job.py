@@ -173,7 +173,8 @@ class LocalJob:
     every primitive through the FIFO; as the single-process runner's), and every other
     keyword (``backend``, ``dtype``, ``op``, ``proto``, ``kernel_timeout_s``, ``codegen``,
     ``fifo_bytes``, ...) is given to each rank's :class:`Communicator`. Raises
-    :class:`CommunicatorError` naming each rank's failure when a set-up fails; nothing stays
+    :class:`CommunicatorError` naming each rank's failure when a set-up fails (a failure every rank
+    met alike once, as the ranks raised it: :func:`_setup_error`); nothing stays
     allocated then."""
 
     def __init__(self, ir, *, timeout_s: float = 60.0, watchdog_s: float | None = None,
@@ -231,7 +232,7 @@ class LocalJob:
         errors = [e for _, e in made]
         if any(e is not None for e in errors):
             self.close()
-            raise _job_error(errors, "setting up")
+            raise _setup_error(errors)
         #: the host-side limit on each kernel's run; None: :meth:`run` sets one from the call's
         #: size (:meth:`default_watchdog`), a rank's own calls take its default
         self.watchdog_s = watchdog_s
@@ -1137,16 +1138,32 @@ def _call_buffers(x: np.ndarray, row, garbage, inplace: bool) -> tuple[np.ndarra
     return buf, buf[out_off:out_off + n_out]
 
 
-def _job_error(errors: list, doing: str) -> CommunicatorError:
+def _setup_error(errors: list) -> BaseException:
+    """The error of a set-up that failed (``errors``: each rank's exception or None), in the words
+    the single-process runner says it: a failure every rank met alike that is not a
+    :class:`CommunicatorError` (a ValueError for an option, a PlatformError for a backend) raised
+    once as the ranks raised it; else one :class:`CommunicatorError` naming each rank's failure
+    (:func:`_job_error`)."""
+    if (len(errors) > 1 and all(e is not None for e in errors)
+            and len({(type(e), str(e)) for e in errors}) == 1 and not isinstance(errors[0], CommunicatorError)):
+        return errors[0]
+    return _job_error(errors, None)
+
+
+def _job_error(errors: list, doing: str | None) -> CommunicatorError:
     """One error naming every rank's failure (each message names its rank); where every rank
-    failed alike (the same message but for its rank), that message once, for every rank."""
+    failed alike (the same message but for its rank), that message once, for every rank.
+    ``doing``: what the job was doing, said first ("the job failed in a call: ..."); None for a
+    set-up, said in the words the ranks (and the single-process runner) say it, with nothing
+    before them."""
     lines = [str(e) if isinstance(e, CommunicatorError) else f"rank {r}: {type(e).__name__}: {e}"
              for r, e in enumerate(errors) if e is not None]
     alike = {line[len(f"rank {r}: "):] if line.startswith(f"rank {r}: ") else None
              for r, line in zip((r for r, e in enumerate(errors) if e is not None), lines)}
     if len(errors) > 1 and all(e is not None for e in errors) and len(alike) == 1 and None not in alike:
-        return CommunicatorError(f"the job failed {doing}: every rank: {alike.pop()}")
-    return CommunicatorError(f"the job failed {doing}: " + "; ".join(lines))
+        said = alike.pop()
+        return CommunicatorError(said if doing is None else f"the job failed {doing}: every rank: {said}")
+    return CommunicatorError("; ".join(lines) if doing is None else f"the job failed {doing}: " + "; ".join(lines))
 
 
 __all__ = ["LocalJob", "ThreadRank", "GroupLaunch", "GridEntry", "RankThreads", "SharedPrograms"]

@@ -226,7 +226,7 @@ def test_mismatched_calls_in_threads_are_an_error_on_every_rank():
 def test_a_set_up_that_fails_names_every_ranks_failure_and_keeps_nothing():
     from hccc.runtime.local_job import LocalJob
     ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
-    with pytest.raises(CommunicatorError, match="the job failed setting up: .*dtype must be one of"):
+    with pytest.raises(ValueError, match="^dtype must be one of"):     # once, as every rank says it
         LocalJob(ir, timeout_s=5, dtype="float33")
 
 
@@ -1115,10 +1115,10 @@ def test_a_backend_that_cannot_run_the_ranks_is_refused_once():
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=64)
     with pytest.raises(PlatformError, match=r"ranks 1-2 are HIP ranks and the cuda backend runs CUDA programs only"):
         LocalJob(ir, timeout_s=30, backend="cuda", platforms=["cuda", "hip", "hip", "cuda"])
-    with pytest.raises(CommunicatorError) as err:
+    with pytest.raises(PlatformError) as err:
         LocalJob(ir, timeout_s=30, backend="tpu")
     text = str(err.value)
-    assert text.startswith("the job failed setting up: every rank: ") and "unknown backend 'tpu'" in text, text
+    assert text.startswith("unknown backend 'tpu'"), text          # the runner's words
     assert text.count("unknown backend") == 1, text
 
 
