@@ -612,11 +612,11 @@ def test_build_is_cached_by_content(tmp_path):
     pf = CpuPlatform(opt="-O0", cache_dir=tmp_path)
     ir = ring_allreduce(2)
     with Runner(ir, pf, "int32", "max", cache_dir=tmp_path) as r1:
-        lib1 = r1.module.path
+        lib1 = r1.libraries["cuda"]
     with Runner(ir, pf, "int32", "max", cache_dir=tmp_path) as r2:
-        assert r2.module.path == lib1
+        assert r2.libraries["cuda"] == lib1
     with Runner(ir, pf, "int32", "min", cache_dir=tmp_path) as r3:
-        assert r3.module.path != lib1
+        assert r3.libraries["cuda"] != lib1
     pch, = (tmp_path / "cpu_pch").iterdir()
     assert len(list((tmp_path / "cpu_engine").iterdir())) == 2
     out = tmp_path / "src"
@@ -699,7 +699,7 @@ def test_modules_are_linked_by_gold_where_the_driver_has_it(tmp_path, monkeypatc
     for gold in (True, False):
         monkeypatch.setattr(cpu_build, "links_with", lambda exe, flag, gold=gold: gold)
         with Runner(ir, CpuPlatform(opt="-O0"), "int32", "max") as r:
-            libs[gold] = r.module.path
+            libs[gold] = r.libraries["cuda"]
             assert r.run(count=64).ok
     notes = {g: subprocess.run(["readelf", "-n", str(p)], capture_output=True, text=True).stdout
              for g, p in libs.items()}
