@@ -166,7 +166,7 @@ def test_one_cpu_platform_object_may_serve_both_platforms(compiled):
     pf = RecordingCpu()
     with Runner(ir, pf, "float16", "min", platforms=PLATFORMS) as runner:
         assert runner.platforms == {"cuda": pf, "hip": pf}
-        assert pf.builds == [CUDA_RANKS, HIP_RANKS]
+        assert sorted(pf.builds) == [CUDA_RANKS, HIP_RANKS]      # one library each (built in any order)
         assert runner.libraries["cuda"] != runner.libraries["hip"]
         res = runner.run(count=8 * 21, inplace=True)
         assert res.ok, (res.stuck, res.first_wrong)
