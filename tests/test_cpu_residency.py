@@ -98,6 +98,10 @@ def test_a_run_of_thousands_of_emulated_threads_holds_at_most_the_workers():
             time.sleep(0.002)
 
     with Runner(ir, pf, "float32", "sum", nthreads=64, one_grid=False, timeout_s=60) as runner:
+        assert runner.run(count=64).ok        # what the runner keeps between runs is started
+        deadline = time.monotonic() + 5
+        while any(m.os_threads() for m in pf.modules) and time.monotonic() < deadline:
+            time.sleep(0.01)
         before = os_threads()[0]
         t = threading.Thread(target=sample)
         t.start()
