@@ -51,7 +51,7 @@ from hccc.compiler.backend.abi import NSLOTS
 from hccc.runtime.kernel_errors import IGNORES_ABORT, WATCHDOG, describe_stuck
 from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, call_count, check_placement,
                                    program_layout, run_inputs)
-from hccc.runtime.platform import Instance, Platform, PlatformError
+from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 from hccc.runtime.rank_residency import check_grid_residency, check_rank_residency
 from hccc.runtime.rank_kernels import check_resident_together, fit_block_threads
 from hccc.runtime.process_rank import _PLAN_CACHE_MAX
@@ -217,14 +217,18 @@ class LocalJob:
         self._made_platforms: list = []
         try:
             per_rank = self._rank_backends(backend, platforms, communicator_options.get("cache_dir"))
-            self._check_residency_waits(per_rank, platforms or rank_platforms(self.nranks, backend, None),
-                                        communicator_options.get("cache_dir"))
+            flavours = platforms or rank_platforms(self.nranks, backend, None)
+            self._check_residency_waits(per_rank, flavours, communicator_options.get("cache_dir"))
+            devices = (None if communicator_options.get("device") is not None
+                       else self._placement(per_rank, flavours, communicator_options.get("cache_dir")))
         except BaseException:
             self.close()
             raise
 
         def make(r):
             options = dict(communicator_options, backend=per_rank[r])
+            if devices is not None and devices[r] is not None:
+                options["device"] = devices[r]
             return ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s, programs=programs,
                               platforms=platforms, **options)
         made = _together(self.nranks, make, threads=self._threads)
@@ -278,6 +282,33 @@ class LocalJob:
                 groups.setdefault(id(pf), (pf, []))[1].append(r)
         for pf, ranks in groups.values():
             check_rank_residency(self.ir, pf.launch_residency(), ranks)
+
+    def _placement(self, per_rank: list, flavours: list[str], cache_dir) -> list:
+        """The device of every rank where its Platform object is known before the ranks are made
+        (a Platform object, the job's CPU emulation, a registered backend): each Platform object
+        places the ranks it runs (:meth:`Platform.placement`: on GPUs contiguous blocks of ranks
+        per device), as the single-process runner places them; None for a rank to choose its own
+        (``LOCAL_RANK``, else its rank)."""
+        pfs = []
+        for r, b in enumerate(per_rank):
+            if isinstance(b, Platform):
+                pfs.append(b)
+            elif isinstance(b, str) and b == "cpu":
+                pfs.append(self._programs.platform(flavours[r], cache_dir))
+            else:
+                try:
+                    pfs.append(get_platform(str(b)))
+                except PlatformError:      # (the rank's own set-up says why)
+                    pfs.append(None)
+        devices: list = [None] * self.nranks
+        groups: dict = {}
+        for r, pf in enumerate(pfs):
+            if pf is not None:
+                groups.setdefault(id(pf), (pf, []))[1].append(r)
+        for pf, ranks in groups.values():
+            for r, d in zip(ranks, pf.placement(len(ranks))):
+                devices[r] = int(d)
+        return devices
 
     def _enable_peer_access(self) -> None:
         """GPU ranks of this process reach each other's memory by pointer (their FIFOs live in the

@@ -203,7 +203,7 @@ class _TwoDeviceCpu(CpuPlatform):
     ("simple", "specialized", "auto", None), ("ll", "specialized", "auto", None),
     ("simple", "table", "off", False), ("ll", "table", "auto", None)])
 def test_a_run_of_mixed_scopes_matches_the_oracle(proto, codegen, direct, one_grid):
-    """A ring AllReduce of 4 ranks on two emulated devices (two ranks on each): the connections
+    """A ring AllReduce of 4 ranks on two emulated devices (ranks 0, 1 and 2, 3): the connections
     inside a device are GPU-placed, those across NODE-placed, and the kernels (posting and waiting at
     each connection's scope) match the oracle: both code generations, direct mode and the FIFOs,
     one launch of every rank (the one-grid entry) and one launch each."""
@@ -217,7 +217,7 @@ def test_a_run_of_mixed_scopes_matches_the_oracle(proto, codegen, direct, one_gr
     from hccc.runtime.local_job import LocalJob
     with LocalJob(ir, backend=_TwoDeviceCpu(), nthreads=2, codegen=codegen, direct=direct) as job:
         dev = [c.device for c in job.comms]
-        assert sorted(dev) == [0, 0, 1, 1]                  # two ranks on each device
+        assert dev == [0, 0, 1, 1]                  # placed by the platform, as the runner places them
         res = job.run(count=1000, proto=proto, direct=direct == "auto", one_grid=one_grid)
         assert res.ok, res
         plans = [c.memory.plan for c in job.comms]

@@ -1150,11 +1150,15 @@ def test_ranks_on_several_devices_of_one_process_may_write_each_others_memory():
     (a stand-in platform of two devices on the CPU emulation, its requests recorded), and its runs
     are the collective's definition; a job on one device asks for none."""
     from hccc.runtime.cpu import CpuPlatform
+    from hccc.runtime.gpu import placement_for
     from hccc.runtime.local_job import LocalJob
 
     class TwoDevices(CpuPlatform):
         def device_count(self) -> int:
             return 2
+
+        def placement(self, nranks: int) -> list[int]:     # as a GPU platform of two devices
+            return placement_for(nranks, 2)
 
         def set_device(self, index: int) -> None:
             assert index in (0, 1)
@@ -1166,7 +1170,7 @@ def test_ranks_on_several_devices_of_one_process_may_write_each_others_memory():
     pf.asked = []
     try:
         with LocalJob(ir, timeout_s=30, backend=pf) as job:
-            assert [c.device for c in job.comms] == [0, 1, 0, 1]
+            assert [c.device for c in job.comms] == [0, 0, 1, 1]     # the platform's placement
             assert pf.asked == [[0, 1]]
             assert job.run(40).ok
             assert pf.asked == [[0, 1]]
