@@ -746,7 +746,12 @@ class LocalJob:
         c0 = self.comms[0]
         proto = c0.proto if proto is None else proto
         k = self.vblocks(inplace)[0].k
-        self._plan_ahead(av.launch_count(av.scratch_slot(c, k), k, N), es, proto, slice_bytes)
+        slot = av.scratch_slot(c, k)
+        # the call's buffers within the run's memory limit before any of them exists, on the host
+        # (inputs, oracle) or the device, as the single-process runner refuses them
+        check_run_memory(ir.name, sum(send_lens) * es, (sum(send_lens) + (0 if inplace else sum(recv_lens))
+                                                       + N * ir.scratch_chunks * slot) * es)
+        self._plan_ahead(av.launch_count(slot, k, N), es, proto, slice_bytes)
         if one_grid is None:
             one_grid = together and self.grid_usable(dtype, "sum")
         inputs, before = alltoallv_buffers(dtype, inputs, send_lens, recv_lens, inplace, seed)
