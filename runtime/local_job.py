@@ -38,7 +38,7 @@ from hccc.compiler.frontend.collectives import SPECS
 from hccc.runtime import alltoallv as av, oracle, shm
 from hccc.runtime.alltoallv_call import buffer_lengths
 from hccc.runtime.bootstrap import local_bootstraps
-from hccc.runtime.call_buffers import call_arrays
+from hccc.runtime.call_buffers import Bfloat16Bits, call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
 from hccc.runtime.direct_peers import direct_receive_count, ll_note, peers_blob, peers_usable
 from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram
@@ -404,8 +404,9 @@ class LocalJob:
         in its input), the collective's in-place form (ValueError where the program is not proven
         in place or its buffers do not overlay, :func:`~hccc.runtime.launcher.check_placement`).
         ``bfloat16``: the arrays hold bfloat16 bit patterns (uint16, as the device holds them:
-        :func:`hccc.runtime.oracle.to_device`), handed to the ranks as torch bfloat16 tensors over
-        the same memory (numpy has no bfloat16), the outputs returned as bit patterns too."""
+        :func:`hccc.runtime.oracle.to_device`), handed to the ranks as such
+        (:class:`~hccc.runtime.call_buffers.Bfloat16Bits`: numpy has no bfloat16), the outputs
+        returned as bit patterns too."""
         if len(inputs) != self.nranks:
             raise ValueError(f"expected {self.nranks} input arrays, got {len(inputs)}")
         if (direct or one_grid) and not together:
@@ -415,7 +416,7 @@ class LocalJob:
         if inplace:
             check_placement(self.ir, True, rows)
         kwargs = {"op": op} if spec.reduces else {}
-        as_kernel = _bfloat16_tensor if bfloat16 else (lambda a: a)
+        as_kernel = _bfloat16_bits if bfloat16 else (lambda a: a)
         dtype = ("bfloat16" if bfloat16 else
                  call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype)
         # outputs start as garbage (a NaN, the most negative integer), so an element never written shows up
@@ -713,7 +714,7 @@ class LocalJob:
         ``send_lens[r]`` / ``recv_lens[r]`` elements (None: just large enough); ``inputs`` (one
         array per rank, of its send buffer's length) or small integers from ``seed``, of ``dtype``
         (default the job's, :attr:`dtype`; bfloat16 inputs hold float32 values, rounded, handed to
-        the ranks as torch bfloat16 tensors as :meth:`collective` hands them, the outputs compared
+        the ranks as bit patterns as :meth:`collective` hands them, the outputs compared
         as float32). ``pass_displs``: the kernels take the displacements from memory (True; packed
         where None are given) or take packed ones (False); None: where displacements are given, as
         the single-process runner's ``run_v``. ``warmup + iters`` calls of every rank's
@@ -756,7 +757,7 @@ class LocalJob:
             one_grid = together and self.grid_usable(dtype, "sum")
         inputs, before = alltoallv_buffers(dtype, inputs, send_lens, recv_lens, inplace, seed)
         want = av.expected([np.array(x) for x in inputs], before, c, sd, rd)
-        as_kernel = _bfloat16_tensor if dtype == "bfloat16" else (lambda a: a)
+        as_kernel = _bfloat16_bits if dtype == "bfloat16" else (lambda a: a)
 
         def step(r, comm):
             x = oracle.to_device(inputs[r], dtype).copy()
@@ -1148,14 +1149,11 @@ class GridEntry:
         self.pf.launch_grid(self.fn, self.blocks, self.block, arg, owner._stream, abort_flag=owner.flags.abort)
 
 
-def _bfloat16_tensor(bits: np.ndarray):
-    """A torch bfloat16 tensor over the memory of ``bits`` (uint16 bit patterns)."""
-    try:
-        import torch
-    except ImportError:
-        raise ValueError("a bfloat16 run hands the ranks torch tensors (numpy has no bfloat16): "
-                         "torch is not installed") from None
-    return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+def _bfloat16_bits(bits: np.ndarray) -> Bfloat16Bits:
+    """bfloat16 elements of ``bits`` (uint16 bit patterns, used in place) as a rank's call takes
+    them (:class:`~hccc.runtime.call_buffers.Bfloat16Bits`; numpy has no bfloat16, and torch's
+    import would cost every job seconds)."""
+    return Bfloat16Bits(bits)
 
 
 def _call_buffers(x: np.ndarray, row, garbage, inplace: bool) -> tuple[np.ndarray, np.ndarray]:

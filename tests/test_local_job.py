@@ -545,11 +545,20 @@ def test_a_jobs_run_is_the_runners_run(alg, count, dtype, op, how, call):
 @needs_gxx
 @pytest.mark.parametrize("how", [{"together": False}, {"one_grid": True}])
 @pytest.mark.parametrize("inplace", [False, True])
-def test_a_jobs_bfloat16_run_hands_the_ranks_torch_tensors_and_is_the_runners(how, inplace):
-    """bfloat16, which numpy cannot hold: the ranks get torch bfloat16 tensors over the bit
-    patterns, the outputs come back as the oracle sees them (float32), equal to the runner's."""
-    pytest.importorskip("torch")
+def test_a_jobs_bfloat16_run_hands_the_ranks_bit_patterns_and_is_the_runners(how, inplace):
+    """bfloat16, which numpy cannot hold: the ranks get the bit patterns (a uint16 array as
+    ``Bfloat16Bits``, no torch needed), the outputs come back as the oracle sees them (float32),
+    right, and equal to the runner's; anything but a writable uint16 array is refused as bits."""
+    from hccc.runtime.call_buffers import Bfloat16Bits, as_buf
     from hccc.runtime.launcher import Runner
+    b = as_buf(Bfloat16Bits(np.zeros(5, np.uint16)), "x")
+    assert (b.n, b.dtype, b.device) == (5, "bfloat16", "cpu")
+    with pytest.raises(TypeError, match="x: bfloat16 bit patterns are a uint16 numpy array"):
+        as_buf(Bfloat16Bits(np.zeros(5, np.float32)), "x")
+    ro = np.zeros(5, np.uint16)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="C-contiguous and writable"):
+        as_buf(Bfloat16Bits(ro), "x")
     from hccc.runtime.local_job import LocalJob
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
     with LocalJob(ir, timeout_s=30, dtype="bfloat16") as job:
