@@ -41,6 +41,15 @@ def torch_strided(a):
     return torch.strided
 
 
+class Bfloat16Bits:
+    """bfloat16 elements given as their bit patterns: ``bits``, a uint16 numpy array, used in place
+    (numpy has no bfloat16 type; the ranks of one process take these instead of torch tensors,
+    whose import costs seconds)."""
+
+    def __init__(self, bits: np.ndarray):
+        self.bits = bits
+
+
 def as_buf(a, what: str) -> Buf:
     """``a`` (a numpy array, a torch tensor, a CUDA array or a DLPack object) as a :class:`Buf`;
     TypeError / ValueError naming ``what`` for anything the kernels cannot take."""
@@ -58,6 +67,13 @@ def as_buf(a, what: str) -> Buf:
         if not a.is_contiguous():
             raise ValueError(f"{what}: the tensor must be contiguous")
         return Buf(int(a.data_ptr()), int(a.numel()), name, "cuda" if a.is_cuda else a.device.type, a)
+    if isinstance(a, Bfloat16Bits):
+        bits = a.bits
+        if not (isinstance(bits, np.ndarray) and bits.dtype == np.uint16):
+            raise TypeError(f"{what}: bfloat16 bit patterns are a uint16 numpy array")
+        if not (bits.flags.c_contiguous and bits.flags.writeable):
+            raise ValueError(f"{what}: the array must be C-contiguous and writable")
+        return Buf(int(bits.ctypes.data), int(bits.size), "bfloat16", "cpu", bits)
     if isinstance(a, np.ndarray):
         name = _NP_NAMES.get(a.dtype) or ("bfloat16" if a.dtype.name == "bfloat16" else None)
         if name is None:
@@ -188,5 +204,5 @@ def route(ir: ProgramIR, spec: CollectiveSpec, rank: int, method: str, bx: Buf, 
     return bx.ptr, bo.ptr, None
 
 
-__all__ = ["CallError", "Buf", "as_buf", "torch_strided", "sync_caller", "call_arrays", "device_kind",
+__all__ = ["CallError", "Buf", "Bfloat16Bits", "as_buf", "torch_strided", "sync_caller", "call_arrays", "device_kind",
            "full_count", "at_place", "source_text", "route"]

@@ -81,11 +81,23 @@ def describe_refusal(ir: ProgramIR, e: ErrorRecord) -> str:
 IGNORES_ABORT = "the kernel ignores the abort flag"
 
 
+#: how the host watchdog's words begin (:func:`watchdog_expired`; a job finds its ranks' in their failures)
+WATCHDOG = "host watchdog: "
+
+
 def watchdog_expired(limit_s: float) -> str:
     """The host watchdog's words for a launch that outran its limit, in both launchers (the
     single-process runner's and a rank's wait, :mod:`hccc.runtime.kernel_wait`); the caller adds
-    what followed (aborted, or :data:`IGNORES_ABORT`)."""
-    return f"host watchdog: kernel still running after {limit_s:g} s"
+    what followed (:func:`watchdog_aborted`, or :data:`IGNORES_ABORT`)."""
+    return f"{WATCHDOG}kernel still running after {limit_s:g} s"
 
 
-__all__ = ["describe_stuck", "describe_refusal", "watchdog_expired", "IGNORES_ABORT"]
+def watchdog_aborted(limit_s: float, record: str | None) -> str:
+    """The words for a launch the host watchdog aborted after ``limit_s`` and that then stopped,
+    in both launchers: ``record`` is what its error record says (None: no block reported)."""
+    return (f"{watchdog_expired(limit_s)}; aborted"
+            + (f" ({record})" if record else " (no thread block reported a timeout)"))
+
+
+__all__ = ["describe_stuck", "describe_refusal", "watchdog_expired", "watchdog_aborted", "WATCHDOG",
+           "IGNORES_ABORT"]

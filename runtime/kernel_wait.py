@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from hccc.runtime.kernel_watch import ABORT_GRACE_S, watched_wait
-from hccc.runtime.kernel_errors import IGNORES_ABORT, describe_stuck, watchdog_expired
+from hccc.runtime.kernel_errors import IGNORES_ABORT, describe_stuck, watchdog_aborted, watchdog_expired
 
 #: how often the wait for this rank's kernel looks at its peers
 WATCH_S = 0.02
@@ -35,7 +35,8 @@ def wait_for_kernel(pf, flags, hosts, net, ir, *, call: int, watch, timeout_s: f
                      problem=lambda: hosts.peer_problem(call, watch), on_problem=abort_peers, poll_s=WATCH_S,
                      sync=sync)
     cause = w.cause
-    if w.late and cause is None:
+    watchdog = w.late and cause is None
+    if watchdog:
         cause = watchdog_expired(limit)
     if not w.finished:
         return f"{cause}; {IGNORES_ABORT}", True
@@ -53,6 +54,9 @@ def wait_for_kernel(pf, flags, hosts, net, ir, *, call: int, watch, timeout_s: f
         hosts.mark_done(call)
         return None
     what = describe_stuck(ir, rec, pf.ticks_per_us) if rec.valid else None
+    if watchdog:           # aborted by the watchdog and stopped: the runner's words, the record in them
+        return f"{method} #{call} failed: " + watchdog_aborted(
+            limit, what or ("aborted without an error record" if flags.aborted else None)), False
     if cause is None:
         cause = hosts.peer_problem(call, watch)
         # a peer that aborted this kernel records why once its own kernel has stopped (across

@@ -191,7 +191,9 @@ class Runner(RankGroup):
     :attr:`platforms` (manifest platform -> Platform object), :attr:`libraries` (manifest platform
     -> the built module's path), :attr:`library_ranks` (manifest platform -> its ranks),
     :attr:`rank_library` (the library each rank's kernel was taken from); :attr:`platform` is rank
-    0's Platform object.
+    0's Platform object; :attr:`block` the threads per block the ranks run and :attr:`threads_note`
+    why they are fewer than emitted (or None); :attr:`proto_note` what the last run's protocol
+    request changed (or None).
     """
 
     # ------------------------------------------------------------------ sizes

@@ -38,9 +38,9 @@ from hccc.compiler.frontend.collectives import SPECS
 from hccc.runtime import alltoallv as av, oracle, shm
 from hccc.runtime.alltoallv_call import buffer_lengths
 from hccc.runtime.bootstrap import local_bootstraps
-from hccc.runtime.call_buffers import call_arrays
+from hccc.runtime.call_buffers import Bfloat16Bits, call_arrays
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
-from hccc.runtime.direct_peers import direct_receive_count, peers_blob, peers_usable
+from hccc.runtime.direct_peers import direct_receive_count, ll_note, peers_blob, peers_usable
 from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
@@ -48,10 +48,10 @@ from hccc.runtime.memory_limits import check_fifo_memory, check_run_memory
 from hccc.runtime.kernel_abi import Args, grid_first
 from hccc.runtime.kernel_watch import default_watchdog_s
 from hccc.compiler.backend.abi import NSLOTS
-from hccc.runtime.kernel_errors import IGNORES_ABORT, describe_stuck
+from hccc.runtime.kernel_errors import IGNORES_ABORT, WATCHDOG, describe_stuck
 from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, call_count, check_placement,
                                    program_layout, run_inputs)
-from hccc.runtime.platform import Instance, Platform, PlatformError
+from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 from hccc.runtime.rank_residency import check_grid_residency, check_rank_residency
 from hccc.runtime.rank_kernels import check_resident_together, fit_block_threads
 from hccc.runtime.process_rank import _PLAN_CACHE_MAX
@@ -173,7 +173,8 @@ class LocalJob:
     every primitive through the FIFO; as the single-process runner's), and every other
     keyword (``backend``, ``dtype``, ``op``, ``proto``, ``kernel_timeout_s``, ``codegen``,
     ``fifo_bytes``, ...) is given to each rank's :class:`Communicator`. Raises
-    :class:`CommunicatorError` naming each rank's failure when a set-up fails; nothing stays
+    :class:`CommunicatorError` naming each rank's failure when a set-up fails (a failure every rank
+    met alike once, as the ranks raised it: :func:`_setup_error`); nothing stays
     allocated then."""
 
     def __init__(self, ir, *, timeout_s: float = 60.0, watchdog_s: float | None = None,
@@ -196,6 +197,11 @@ class LocalJob:
         self.dtype = str(communicator_options.get("dtype", "float32"))
         #: the time of the last call launched together (:meth:`collective`), in microseconds
         self.last_time_us: float | None = None
+        #: what the last :meth:`run` / :meth:`run_v`'s protocol request changed, or None: why LL ran
+        #: Simple (:func:`~hccc.runtime.rank_memory.launch_proto`), or that its direct-mode receives
+        #: went through the FIFO as LL lines (:func:`~hccc.runtime.direct_peers.ll_note`), as the
+        #: single-process runner says it
+        self.proto_note: str | None = None
         #: (dtype, op) -> the one-grid entry (:class:`GridEntry`), built on first use
         self._grids: dict = {}
         #: one thread per rank that runs every call's step of that rank (:class:`RankThreads`),
@@ -211,14 +217,18 @@ class LocalJob:
         self._made_platforms: list = []
         try:
             per_rank = self._rank_backends(backend, platforms, communicator_options.get("cache_dir"))
-            self._check_residency_waits(per_rank, platforms or rank_platforms(self.nranks, backend, None),
-                                        communicator_options.get("cache_dir"))
+            flavours = platforms or rank_platforms(self.nranks, backend, None)
+            self._check_residency_waits(per_rank, flavours, communicator_options.get("cache_dir"))
+            devices = (None if communicator_options.get("device") is not None
+                       else self._placement(per_rank, flavours, communicator_options.get("cache_dir")))
         except BaseException:
             self.close()
             raise
 
         def make(r):
             options = dict(communicator_options, backend=per_rank[r])
+            if devices is not None and devices[r] is not None:
+                options["device"] = devices[r]
             return ThreadRank(ir, bootstrap=boots[r], timeout_s=timeout_s, programs=programs,
                               platforms=platforms, **options)
         made = _together(self.nranks, make, threads=self._threads)
@@ -226,7 +236,7 @@ class LocalJob:
         errors = [e for _, e in made]
         if any(e is not None for e in errors):
             self.close()
-            raise _job_error(errors, "setting up")
+            raise _setup_error(errors)
         #: the host-side limit on each kernel's run; None: :meth:`run` sets one from the call's
         #: size (:meth:`default_watchdog`), a rank's own calls take its default
         self.watchdog_s = watchdog_s
@@ -272,6 +282,33 @@ class LocalJob:
                 groups.setdefault(id(pf), (pf, []))[1].append(r)
         for pf, ranks in groups.values():
             check_rank_residency(self.ir, pf.launch_residency(), ranks)
+
+    def _placement(self, per_rank: list, flavours: list[str], cache_dir) -> list:
+        """The device of every rank where its Platform object is known before the ranks are made
+        (a Platform object, the job's CPU emulation, a registered backend): each Platform object
+        places the ranks it runs (:meth:`Platform.placement`: on GPUs contiguous blocks of ranks
+        per device), as the single-process runner places them; None for a rank to choose its own
+        (``LOCAL_RANK``, else its rank)."""
+        pfs = []
+        for r, b in enumerate(per_rank):
+            if isinstance(b, Platform):
+                pfs.append(b)
+            elif isinstance(b, str) and b == "cpu":
+                pfs.append(self._programs.platform(flavours[r], cache_dir))
+            else:
+                try:
+                    pfs.append(get_platform(str(b)))
+                except PlatformError:      # (the rank's own set-up says why)
+                    pfs.append(None)
+        devices: list = [None] * self.nranks
+        groups: dict = {}
+        for r, pf in enumerate(pfs):
+            if pf is not None:
+                groups.setdefault(id(pf), (pf, []))[1].append(r)
+        for pf, ranks in groups.values():
+            for r, d in zip(ranks, pf.placement(len(ranks))):
+                devices[r] = int(d)
+        return devices
 
     def _enable_peer_access(self) -> None:
         """GPU ranks of this process reach each other's memory by pointer (their FIFOs live in the
@@ -367,8 +404,9 @@ class LocalJob:
         in its input), the collective's in-place form (ValueError where the program is not proven
         in place or its buffers do not overlay, :func:`~hccc.runtime.launcher.check_placement`).
         ``bfloat16``: the arrays hold bfloat16 bit patterns (uint16, as the device holds them:
-        :func:`hccc.runtime.oracle.to_device`), handed to the ranks as torch bfloat16 tensors over
-        the same memory (numpy has no bfloat16), the outputs returned as bit patterns too."""
+        :func:`hccc.runtime.oracle.to_device`), handed to the ranks as such
+        (:class:`~hccc.runtime.call_buffers.Bfloat16Bits`: numpy has no bfloat16), the outputs
+        returned as bit patterns too."""
         if len(inputs) != self.nranks:
             raise ValueError(f"expected {self.nranks} input arrays, got {len(inputs)}")
         if (direct or one_grid) and not together:
@@ -378,7 +416,7 @@ class LocalJob:
         if inplace:
             check_placement(self.ir, True, rows)
         kwargs = {"op": op} if spec.reduces else {}
-        as_kernel = _bfloat16_tensor if bfloat16 else (lambda a: a)
+        as_kernel = _bfloat16_bits if bfloat16 else (lambda a: a)
         dtype = ("bfloat16" if bfloat16 else
                  call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype)
         # outputs start as garbage (a NaN, the most negative integer), so an element never written shows up
@@ -417,7 +455,12 @@ class LocalJob:
         """A failed run's ``stuck``: where the ranks' own kernels stuck, each rank's error record
         once (:func:`~hccc.runtime.kernel_errors.describe_stuck`, as the single-process runner
         says it), in rank order; where no kernel recorded one (a watchdog, a refused call), the
-        job's error."""
+        job's error. A rank whose kernel the host watchdog aborted says that first, in the words
+        the runner says it (:func:`~hccc.runtime.kernel_errors.watchdog_aborted`)."""
+        for c in self.comms:
+            at = (c._broken or "").find(WATCHDOG)
+            if at >= 0:
+                return c._broken[at:]
         said = []
         for c in self.comms:
             try:
@@ -511,6 +554,7 @@ class LocalJob:
             self.recover()
         finally:
             self._restore_call_options(kept)
+        self.proto_note = self._proto_note(together and direct)
         wrong = sum(v[0] for v in verdicts)
         first = next((v[1] for v in verdicts if v[1] is not None), None)
         coll_wrong, used = (verdicts[0][2], verdicts[0][3]) if verdicts else (-1, None)
@@ -522,6 +566,18 @@ class LocalJob:
                          oracle=used, outputs=outs if keep_outputs and stuck is None else None,
                          slice_bytes=int(c0.last_slice_bytes or 0), proto=c0.last_proto or "simple",
                          checks=len(verdicts))
+
+    def _proto_note(self, direct: bool) -> str | None:
+        """The last call's :attr:`proto_note`: rank 0's (why LL ran Simple), else, for an LL call
+        launched with direct mode's peers array where the ranks can take one, that its direct-mode
+        receives went through the FIFO as LL lines."""
+        c0 = self.comms[0]
+        if c0.proto_note is not None or c0.last_proto != "ll" or not direct:
+            return c0.proto_note
+        if not peers_usable([c._pf for c in self.comms], [c.device for c in self.comms]):
+            return None
+        n = self.direct_receives()
+        return ll_note(self.ir.name, n) if n else None
 
     def _plan_ahead(self, count: int, es: int, proto: str, slice_bytes) -> None:
         """Before any rank makes a call of ``count`` elements of ``es`` bytes: the FIFOs grown to
@@ -658,7 +714,7 @@ class LocalJob:
         ``send_lens[r]`` / ``recv_lens[r]`` elements (None: just large enough); ``inputs`` (one
         array per rank, of its send buffer's length) or small integers from ``seed``, of ``dtype``
         (default the job's, :attr:`dtype`; bfloat16 inputs hold float32 values, rounded, handed to
-        the ranks as torch bfloat16 tensors as :meth:`collective` hands them, the outputs compared
+        the ranks as bit patterns as :meth:`collective` hands them, the outputs compared
         as float32). ``pass_displs``: the kernels take the displacements from memory (True; packed
         where None are given) or take packed ones (False); None: where displacements are given, as
         the single-process runner's ``run_v``. ``warmup + iters`` calls of every rank's
@@ -691,12 +747,17 @@ class LocalJob:
         c0 = self.comms[0]
         proto = c0.proto if proto is None else proto
         k = self.vblocks(inplace)[0].k
-        self._plan_ahead(av.launch_count(av.scratch_slot(c, k), k, N), es, proto, slice_bytes)
+        slot = av.scratch_slot(c, k)
+        # the call's buffers within the run's memory limit before any of them exists, on the host
+        # (inputs, oracle) or the device, as the single-process runner refuses them
+        check_run_memory(ir.name, sum(send_lens) * es, (sum(send_lens) + (0 if inplace else sum(recv_lens))
+                                                       + N * ir.scratch_chunks * slot) * es)
+        self._plan_ahead(av.launch_count(slot, k, N), es, proto, slice_bytes)
         if one_grid is None:
             one_grid = together and self.grid_usable(dtype, "sum")
         inputs, before = alltoallv_buffers(dtype, inputs, send_lens, recv_lens, inplace, seed)
         want = av.expected([np.array(x) for x in inputs], before, c, sd, rd)
-        as_kernel = _bfloat16_tensor if dtype == "bfloat16" else (lambda a: a)
+        as_kernel = _bfloat16_bits if dtype == "bfloat16" else (lambda a: a)
 
         def step(r, comm):
             x = oracle.to_device(inputs[r], dtype).copy()
@@ -716,6 +777,7 @@ class LocalJob:
             self.recover()
         finally:
             self._restore_call_options(kept)
+        self.proto_note = self._proto_note(together and direct)
         wrong, first = oracle.count_wrong(ir.collective, outs, want) if outs is not None else (0, None)
         per_rank = int(c.sum()) * es // max(N, 1)
         return RunResult(bytes=per_rank, count=per_rank // es, dtype=dtype, op="sum", inplace=bool(inplace),
@@ -1087,14 +1149,11 @@ class GridEntry:
         self.pf.launch_grid(self.fn, self.blocks, self.block, arg, owner._stream, abort_flag=owner.flags.abort)
 
 
-def _bfloat16_tensor(bits: np.ndarray):
-    """A torch bfloat16 tensor over the memory of ``bits`` (uint16 bit patterns)."""
-    try:
-        import torch
-    except ImportError:
-        raise ValueError("a bfloat16 run hands the ranks torch tensors (numpy has no bfloat16): "
-                         "torch is not installed") from None
-    return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+def _bfloat16_bits(bits: np.ndarray) -> Bfloat16Bits:
+    """bfloat16 elements of ``bits`` (uint16 bit patterns, used in place) as a rank's call takes
+    them (:class:`~hccc.runtime.call_buffers.Bfloat16Bits`; numpy has no bfloat16, and torch's
+    import would cost every job seconds)."""
+    return Bfloat16Bits(bits)
 
 
 def _call_buffers(x: np.ndarray, row, garbage, inplace: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -1113,16 +1172,32 @@ def _call_buffers(x: np.ndarray, row, garbage, inplace: bool) -> tuple[np.ndarra
     return buf, buf[out_off:out_off + n_out]
 
 
-def _job_error(errors: list, doing: str) -> CommunicatorError:
+def _setup_error(errors: list) -> BaseException:
+    """The error of a set-up that failed (``errors``: each rank's exception or None), in the words
+    the single-process runner says it: a failure every rank met alike that is not a
+    :class:`CommunicatorError` (a ValueError for an option, a PlatformError for a backend) raised
+    once as the ranks raised it; else one :class:`CommunicatorError` naming each rank's failure
+    (:func:`_job_error`)."""
+    if (len(errors) > 1 and all(e is not None for e in errors)
+            and len({(type(e), str(e)) for e in errors}) == 1 and not isinstance(errors[0], CommunicatorError)):
+        return errors[0]
+    return _job_error(errors, None)
+
+
+def _job_error(errors: list, doing: str | None) -> CommunicatorError:
     """One error naming every rank's failure (each message names its rank); where every rank
-    failed alike (the same message but for its rank), that message once, for every rank."""
+    failed alike (the same message but for its rank), that message once, for every rank.
+    ``doing``: what the job was doing, said first ("the job failed in a call: ..."); None for a
+    set-up, said in the words the ranks (and the single-process runner) say it, with nothing
+    before them."""
     lines = [str(e) if isinstance(e, CommunicatorError) else f"rank {r}: {type(e).__name__}: {e}"
              for r, e in enumerate(errors) if e is not None]
     alike = {line[len(f"rank {r}: "):] if line.startswith(f"rank {r}: ") else None
              for r, line in zip((r for r, e in enumerate(errors) if e is not None), lines)}
     if len(errors) > 1 and all(e is not None for e in errors) and len(alike) == 1 and None not in alike:
-        return CommunicatorError(f"the job failed {doing}: every rank: {alike.pop()}")
-    return CommunicatorError(f"the job failed {doing}: " + "; ".join(lines))
+        said = alike.pop()
+        return CommunicatorError(said if doing is None else f"the job failed {doing}: every rank: {said}")
+    return CommunicatorError("; ".join(lines) if doing is None else f"the job failed {doing}: " + "; ".join(lines))
 
 
 __all__ = ["LocalJob", "ThreadRank", "GroupLaunch", "GridEntry", "RankThreads", "SharedPrograms"]

@@ -321,6 +321,12 @@ class ProcessRank:
         return value
 
     @property
+    def memory(self) -> RankMemory | None:
+        """This rank's :class:`RankMemory` (its plan, its platform and the pointers of its control
+        block, FIFOs and connection tables; reports and tests read them), None before set-up."""
+        return self._mem
+
+    @property
     def proto(self) -> str:
         """The FIFO protocol asked for: ``"auto"``, ``"simple"`` or ``"ll"`` (see the class)."""
         return self._proto

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime.interrupts import deferred_interrupts
-from hccc.runtime.kernel_errors import IGNORES_ABORT, describe_stuck, watchdog_expired
+from hccc.runtime.kernel_errors import IGNORES_ABORT, describe_stuck, watchdog_aborted, watchdog_expired
 from hccc.runtime.kernel_watch import ABORT_GRACE_S, watched_wait
 from hccc.runtime.rank_memory import synchronize_in_background
 
@@ -86,8 +86,7 @@ class RankLaunches:
             return None
         if w.finished:
             rec = self.error_message()
-            return (f"{watchdog_expired(limit)}; aborted"
-                    + (f" ({rec})" if rec else " (no thread block reported a timeout)"))
+            return watchdog_aborted(limit, rec)
         self.broken = f"{watchdog_expired(limit)}; {IGNORES_ABORT}"
         return self.broken
 

@@ -442,8 +442,11 @@ def test_a_jobs_alltoallv_grows_its_fifos_to_the_call():
 
 
 @needs_gxx
-def test_a_jobs_alltoallv_refuses_what_the_buffers_cannot_take_before_any_call():
+def test_a_jobs_alltoallv_refuses_what_the_buffers_cannot_take_before_any_call(monkeypatch):
+    """Counts the buffers cannot take, and buffers over the run's memory limit (HCCC_MAX_RUN_BYTES:
+    here three ranks' 4 KiB send and receive buffers against 10 KB), refused before any rank's call."""
     from hccc.runtime.local_job import LocalJob
+    from hccc.runtime.platform import PlatformError
     ir = build_program(gen.ring_alltoall(3))
     with LocalJob(ir, timeout_s=30) as job:
         calls = []
@@ -451,6 +454,10 @@ def test_a_jobs_alltoallv_refuses_what_the_buffers_cannot_take_before_any_call()
             comm.all_to_all_v = lambda *a, **k: calls.append(a)
         with pytest.raises(av.CountsError, match=r"counts\[1\]\[2\]"):
             job.run_v([[0, 1, 2], [3, 4, -5], [6, 7, 8]])
+        monkeypatch.setenv("HCCC_MAX_RUN_BYTES", "10000")
+        with pytest.raises(PlatformError, match="over the limit of .*HCCC_MAX_RUN_BYTES"):
+            job.run_v([[341] * 3] * 3)          # 3 x 1023 elements of 4 bytes sent and received per rank
+        monkeypatch.delenv("HCCC_MAX_RUN_BYTES")
         with pytest.raises(ValueError, match="per-pair counts need an AllToAll program"):
             LocalJob.run_v(type("J", (), {"ir": build_program(gen.ring_allgather(3)), "nranks": 3})(), [[0] * 3] * 3)
         assert calls == []

@@ -31,7 +31,7 @@ from hccc.compiler.ir.program_ir import MAX_CHANNELS, IRFormatError, channel_par
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.channels import (ChannelError, auto_channels, max_blocks_per_rank, parse_channels,
                                            resolve_channels, with_channels)
-from hccc.runtime.launcher import ELEMENT_BYTES, Runner
+from hccc.runtime.local_job import LocalJob
 from hccc.testing import describe_failure, kernel_cases, run_case, valid_programs
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
@@ -138,20 +138,19 @@ def test_each_channel_carries_its_own_part(tmp_path):
     ir = with_channels(ring, k)
     count = 2 * 40                       # one chunk = 40 floats = 160 bytes: one micro-batch
     # the FIFO path (direct mode would write the receivers' outputs, leaving the slots unused)
-    with Runner(ir, "cpu", "float32", "sum", nthreads=2, direct="off") as runner:
-        res = runner.run(count=count, slice_bytes=256)
+    with LocalJob(ir, nthreads=2, direct="off") as job:
+        res = job.run(count=count, slice_bytes=256, proto="simple")
         assert res.ok
-        plans, mems = runner.rank_plans, runner.rank_mem
-        pf = runner.rank_pf[0]
         for r in range(2):
-            plan = plans[r]
+            mem = job.comms[r].memory             # the rank's own counters and FIFOs
+            plan, pf = mem.plan, mem.platform
             nrecv = len(plan.recv_conns)
             assert nrecv == k * 1 and len(plan.send_conns) == k
             ctrl = np.zeros(plan.ctrl_bytes // 8, np.uint64)
-            pf.memcpy_dtoh(ctrl, mems[r].ctrl)
+            pf.memcpy_dtoh(ctrl, mem.ctrl)
             assert ctrl[:nrecv].tolist() == [1] * k            # tails: one message per channel
             slots = np.zeros(plan.slots_bytes, np.uint8)
-            pf.memcpy_dtoh(slots, mems[r].slots)
+            pf.memcpy_dtoh(slots, mem.slots)
             g = 16 // 4
             for c in range(k):
                 # the window: the 256-byte slice capped at the launch's slot share, which holds the

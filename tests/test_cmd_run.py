@@ -188,28 +188,40 @@ def test_launch_mode_is_chosen_and_reported(tmp_path, capsys):
 def test_check_count_is_nccl_tests_check_iterations(tmp_path, capsys, monkeypatch, n):
     """nccl-tests' -c N: N checked launches per size and placement (the last timed launch, then
     N-1 more from fresh inputs), their wrong elements summed; -c 0 checks nothing. Counted at the
-    runner: every launch and every comparison (each comparison here reports 2 wrong elements)."""
-    from hccc.runtime.launcher import Runner
-    from hccc.runtime.rank_launches import RankLaunches
+    runner: every launch of every rank's kernel (a one-grid launch is one of every rank) and every
+    comparison with the oracle (each here reports 2 wrong elements)."""
+    from hccc.runtime import oracle
+    from hccc.runtime.cpu import CpuPlatform
     ir = build_program(gen.ring_allgather(3), chunk_bytes=256)
     f = tmp_path / "ag.json"
     f.write_text(ir.to_json())
-    launches, compares = [], []
-    real_launch = RankLaunches.launch_all
+    kernels, compares = [], []           # (kernels launched: one per rank and launch)
+    real_launch, real_grid = CpuPlatform.launch, CpuPlatform.launch_grid
+    in_grid = []                         # (the emulation launches the one grid as a plain launch)
 
     def count_launch(self, *a, **k):
-        launches.append(1)
+        if not in_grid:
+            kernels.append(1)
         return real_launch(self, *a, **k)
 
-    def fake_compare(self, outs, inputs, inplace):
-        compares.append(len(launches))
+    def count_grid(self, *a, **k):
+        kernels.extend([1] * ir.nranks)
+        in_grid.append(1)
+        try:
+            return real_grid(self, *a, **k)
+        finally:
+            in_grid.pop()
+
+    def fake_compare(*_a, **_k):
+        compares.append(len(kernels) // ir.nranks)
         return 2, "rank 0, output element 0: got 1.0, expected 2.0", 0, "reference"
-    monkeypatch.setattr(RankLaunches, "launch_all", count_launch)
-    monkeypatch.setattr(Runner, "_compare", fake_compare)
+    monkeypatch.setattr(CpuPlatform, "launch", count_launch)
+    monkeypatch.setattr(CpuPlatform, "launch_grid", count_grid)
+    monkeypatch.setattr(oracle, "compare", fake_compare)
     rc, out, _ = run_cli(capsys, "run", f, "--sizes", "3K", "-n", "2", "-w", "1", "-c", n,
                          "--out-of-place-only", "--json")
     res = json.loads(out)["results"][0]
-    assert len(launches) == 1 + 2 + max(n - 1, 0)               # warmup, timed, then the extra checks
+    assert len(kernels) == ir.nranks * (1 + 2 + max(n - 1, 0))   # warmup, timed, then the extra checks
     assert compares == list(range(3, 3 + n))                    # after the last timed launch, then after each
     assert res["checks"] == n and res["wrong"] == 2 * n and res["iters"] == 2
     assert rc == (0 if n == 0 else 1)                           # -c 0: results do not fail the run

@@ -204,19 +204,27 @@ class _TwoDeviceCpu(CpuPlatform):
     ("simple", "table", "off", False), ("ll", "table", "auto", None)])
 def test_a_run_of_mixed_scopes_matches_the_oracle(proto, codegen, direct, one_grid):
     """A ring AllReduce of 4 ranks on two emulated devices (ranks 0, 1 and 2, 3): the connections
-    inside a half are GPU-placed, those across NODE-placed, and the kernels (posting and waiting at
+    inside a device are GPU-placed, those across NODE-placed, and the kernels (posting and waiting at
     each connection's scope) match the oracle: both code generations, direct mode and the FIFOs,
     one launch of every rank (the one-grid entry) and one launch each."""
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=256)
     with Runner(ir, _TwoDeviceCpu(), "float32", "sum", nthreads=2, codegen=codegen, direct=direct,
                 one_grid=one_grid) as runner:
-        assert runner.placement == [0, 0, 1, 1]
         res = runner.run(count=1000, proto=proto)
         assert res.ok, res
-        for r, m in enumerate(runner.rank_mem):
-            for (peer, _), c in zip(runner.rank_plans[r].send_conns, m.send_conns):
-                if runner.rank_plans[peer].recv_index(r, _) is not None:
-                    assert c[3] == (GPU if peer // 2 == r // 2 else NODE), (r, peer)
+    # the runner's ranks (a LocalJob, launched together as the runner launches): each rank's
+    # connection records, from its own memory
+    from hccc.runtime.local_job import LocalJob
+    with LocalJob(ir, backend=_TwoDeviceCpu(), nthreads=2, codegen=codegen, direct=direct) as job:
+        dev = [c.device for c in job.comms]
+        assert dev == [0, 0, 1, 1]                  # placed by the platform, as the runner places them
+        res = job.run(count=1000, proto=proto, direct=direct == "auto", one_grid=one_grid)
+        assert res.ok, res
+        plans = [c.memory.plan for c in job.comms]
+        for r, comm in enumerate(job.comms):
+            for (peer, _), c in zip(plans[r].send_conns, comm.memory.send_conns):
+                if plans[peer].recv_index(r, _) is not None:
+                    assert c[3] == (GPU if dev[peer] == dev[r] else NODE), (r, peer)
 
 
 def test_a_local_job_places_its_ranks_on_their_gpu():

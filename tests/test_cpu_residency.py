@@ -54,6 +54,24 @@ def platform(resident: int | None) -> CpuPlatform:
 WORKER_NAME = "hccc-cpu-worker"
 
 
+class LoadsCpu(CpuPlatform):
+    """A CPU platform that keeps every module it loads (to count their workers)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.modules: list = []
+
+    def load(self, path):
+        module = super().load(path)
+        self.modules.append(module)
+        return module
+
+
+def rank_blocks(ir) -> list[int]:
+    """Blocks of each rank's launch: its thread blocks, once per channel."""
+    return [int(n) * int(ir.nchannels) for n in ir.ntbs]
+
+
 def os_threads() -> tuple[int, int]:
     """(threads of this process, those of them the emulation's workers)."""
     names = []
@@ -71,7 +89,7 @@ def test_a_run_of_thousands_of_emulated_threads_holds_at_most_the_workers():
     n = 8
     ir = ring_allreduce(n)          # 2 TBs a rank
     ir.chunk_bytes = 64
-    pf = CpuPlatform(opt="-O0", workers=WORKERS)
+    pf = LoadsCpu(opt="-O0", workers=WORKERS)
     peak, stop = [0, 0], threading.Event()
 
     def sample():
@@ -80,6 +98,10 @@ def test_a_run_of_thousands_of_emulated_threads_holds_at_most_the_workers():
             time.sleep(0.002)
 
     with Runner(ir, pf, "float32", "sum", nthreads=64, one_grid=False, timeout_s=60) as runner:
+        assert runner.run(count=64).ok        # what the runner keeps between runs is started
+        deadline = time.monotonic() + 5
+        while any(m.os_threads() for m in pf.modules) and time.monotonic() < deadline:
+            time.sleep(0.01)
         before = os_threads()[0]
         t = threading.Thread(target=sample)
         t.start()
@@ -89,18 +111,18 @@ def test_a_run_of_thousands_of_emulated_threads_holds_at_most_the_workers():
             stop.set()
             t.join()
         assert res.ok, (res.stuck, res.first_wrong)
-        emulated = sum(runner.kernels.grid) * 64
+        emulated = sum(rank_blocks(ir)) * 64
         assert emulated >= 1024
         # every module of the run has at most WORKERS workers, and they ran; besides them, the
         # sampler and the runtime's few waiting threads
-        modules = len(runner.kernels.modules)
+        modules = len(pf.modules)
         assert 1 <= peak[1] <= WORKERS * modules, peak
         assert peak[0] <= before + WORKERS * modules + 3, (peak, before)
         # idle: none (a worker leaves once it finds no fiber left, just after the launch ends)
         deadline = time.monotonic() + 5
-        while any(m.os_threads() for m in runner.kernels.modules.values()) and time.monotonic() < deadline:
+        while any(m.os_threads() for m in pf.modules) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert all(m.os_threads() == 0 for m in runner.kernels.modules.values())
+        assert all(m.os_threads() == 0 for m in pf.modules)
 
 
 def _fiber_stack_mappings() -> int:
@@ -130,11 +152,11 @@ def test_an_idle_module_holds_no_fiber_stacks():
     ir.chunk_bytes = 64
     before = _fiber_stack_mappings()
     for dtype in ("float32", "int32"):          # two modules
-        pf = CpuPlatform(opt="-O0", workers=WORKERS)
+        pf = LoadsCpu(opt="-O0", workers=WORKERS)
         with Runner(ir, pf, dtype, "sum", nthreads=32, one_grid=False, timeout_s=60) as runner:
             assert runner.run(count=600).ok
             deadline = time.monotonic() + 5
-            while any(m.os_threads() for m in runner.kernels.modules.values()) and time.monotonic() < deadline:
+            while any(m.os_threads() for m in pf.modules) and time.monotonic() < deadline:
                 time.sleep(0.01)
     # (the two modules ran 4 x 2 x 32 fibers each; the last worker unmaps its pool as it leaves,
     # just after the module counts it gone)
@@ -230,7 +252,7 @@ def test_blocks_that_wait_only_on_their_peers_run_one_at_a_time():
     ir.chunk_bytes = 64
     assert residency_hazards(ir, 1) == []
     with Runner(ir, platform(1), "float32", "sum", nthreads=2) as runner:
-        assert runner.kernels.grid_fn is None and max(runner.kernels.grid) == 6
+        assert runner.grid_fn is None and max(rank_blocks(ir)) == 6
         for count in (0, 7, 383):
             res = runner.run(count=count, inplace=False)
             assert res.ok, (count, res.stuck, res.first_wrong)
@@ -253,11 +275,13 @@ def test_a_rank_whose_blocks_wait_on_each_other_is_refused_and_named():
 def test_forced_past_the_refusal_the_emulation_finds_the_wait(monkeypatch):
     """Partial residency left unchecked: block 0 of every rank waits on block 2, which is never
     admitted while block 0 holds the one place; the run sticks and the report names the block."""
-    monkeypatch.setattr(rank_kernels, "check_rank_residency", lambda *a, **k: None)
+    from hccc.runtime import local_job, process_rank
+    for refusing in (rank_kernels, local_job, process_rank):     # every launcher's refusal
+        monkeypatch.setattr(refusing, "check_rank_residency", lambda *a, **k: None)
     ir = ring_allgather(3)
     ir.chunk_bytes = 32
     with Runner(ir, platform(1), "float32", "sum", nthreads=1, timeout_s=0.5) as runner:
-        assert runner.kernels.grid_fn is None   # a launch per rank
+        assert runner.grid_fn is None   # a launch per rank
         res = runner.run(count=300)
     assert res.stuck is not None, "the run should stick"
     assert re.match(r"rank \d, TB 0 stuck in send for chunk \d+ \(micro-batch 0\): waiting for another "
@@ -271,7 +295,7 @@ def test_a_one_grid_launch_is_cooperative_and_refused_when_it_cannot_be_resident
         Runner(ir, platform(2), "float32", "sum", nthreads=1, one_grid=True)
     # auto: a launch per rank
     with Runner(ir, platform(2), "float32", "sum", nthreads=1) as runner:
-        assert runner.kernels.grid_fn is None
+        assert runner.grid_fn is None
 
 
 def test_run_resident_blocks_option(tmp_path, capfd):
@@ -306,13 +330,13 @@ def test_a_process_forked_while_workers_run_runs_kernels_of_its_own():
     not exist there (its kernels run, time out and report where they are stuck)."""
     import multiprocessing
     from codegen_irs import stuck_ir
-    pf = CpuPlatform(opt="-O0", workers=WORKERS)
+    pf = LoadsCpu(opt="-O0", workers=WORKERS)
     with Runner(stuck_ir(), pf, "float32", "sum", nthreads=2, timeout_s=4) as stuck:
         t = threading.Thread(target=stuck.run, kwargs={"count": 16})
         t.start()
         try:
             time.sleep(0.5)                     # its fibers wait on their workers now
-            assert any(m.os_threads() for m in stuck.kernels.modules.values())
+            assert any(m.os_threads() for m in pf.modules)
             ctx = multiprocessing.get_context("fork")
             q = ctx.Queue()
             child = ctx.Process(target=_run_in_child, args=(q,))

@@ -257,6 +257,7 @@ def test_run_direct_option(capsys):
 
     from hccc.cli import main
     from hccc.compiler.pipeline import load_program
+    from hccc.runtime.generated import GeneratedProgram
     from hccc.runtime.launcher import Runner
 
     algo = Path(__file__).resolve().parent.parent / "examples" / "ring_allgather_8.rccl"
@@ -266,10 +267,13 @@ def test_run_direct_option(capsys):
         rows = res["results"] if isinstance(res, dict) else res
         assert rows and all(r["wrong"] == 0 for r in rows)
     ir = load_program(algo)
+    # the sources a runner builds in each mode (the one generation of them: GeneratedProgram)
+    a, b = (GeneratedProgram(ir, ["cuda"] * ir.nranks, None, "specialized", mode) for mode in ("auto", "off"))
+    assert a.gendir != b.gendir
+    count = [sum(f.read_text().count(m) for f in g.gendir.iterdir() if f.suffix in (".cu", ".hip")
+                 for m in ("HCCC_PX(", "HCCC_PWX(")) for g in (a, b)]
+    assert count[0] > 0 and count[1] == 0
     with Runner(ir, "cpu", direct="auto") as a, Runner(ir, "cpu", direct="off") as b:
-        assert a.gendir != b.gendir
-        count = [sum(f.read_text().count(m) for f in r.gendir.iterdir() if f.suffix in (".cu", ".hip")
-                     for m in ("HCCC_PX(", "HCCC_PWX(")) for r in (a, b)]
-        assert count[0] > 0 and count[1] == 0
+        assert a.direct_receives() > 0 and b.direct_receives() == 0
     with pytest.raises(ValueError, match="direct mode"):
         Runner(ir, "cpu", direct="on")

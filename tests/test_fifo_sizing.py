@@ -147,20 +147,25 @@ def test_the_runner_grows_its_fifos_with_the_calls():
     slots are zeroed before the first LL launch in them)."""
     from hccc.compiler.frontend import generators as gen
     from hccc.runtime.launcher import Runner
+    from hccc.runtime.local_job import LocalJob
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=1 << 16)
+    least = 16 * ir.max_step_chunks
     with Runner(ir, "cpu", "float32", "sum", nthreads=2) as runner:
-        assert runner.fifo_capacity == 16 * ir.max_step_chunks
+        assert runner.fifo_capacity == least
+    # the runner's ranks (a job started at the least slot, as the runner starts them), every rank's slots
+    with LocalJob(ir, nthreads=2, fifo_capacity=least) as job:
+        assert job.fifo_capacity == least
         seen = []
         for count, proto in [(64, "simple"), (4096, "simple"), (64, "ll"), (1 << 16, "ll"), (256, "simple"),
                              (1 << 18, "simple")]:
-            res = runner.run(count=count, proto=proto)
+            res = job.run(count=count, proto=proto)
             assert res.ok, (count, proto, res.stuck)
             call = LaunchCall.plan(ir, count, 4, ir.chunk_bytes, proto=res.proto)
             seen.append(call.slot_cap)
-            assert runner.fifo_capacity == min(ir.chunk_bytes, max(16, *seen))
-            assert all(p.slot_bytes == slot_bytes(runner.fifo_capacity, ir.max_step_chunks)
-                       for p in runner.rank_plans)
-        assert runner.fifo_capacity == ir.chunk_bytes      # the largest call needs the whole slot
+            assert job.fifo_capacity == min(ir.chunk_bytes, max(16, *seen))
+            assert all(c.slot_bytes == c.memory.plan.slot_bytes == slot_bytes(job.fifo_capacity, ir.max_step_chunks)
+                       for c in job.comms)
+        assert job.fifo_capacity == ir.chunk_bytes      # the largest call needs the whole slot
 
 
 @needs_gxx
@@ -176,7 +181,7 @@ def test_a_runner_whose_fifos_could_not_grow_says_so(monkeypatch):
 
         def out_of_memory(*_a, **_k):
             raise PlatformError("out of memory allocating 1 bytes")
-        monkeypatch.setattr(runner.memory, "malloc", out_of_memory)
+        monkeypatch.setattr(runner.platform, "malloc", out_of_memory)      # every allocation from now on
         with pytest.raises(PlatformError, match="out of memory"):
             runner.run(count=1 << 15)
         with pytest.raises(PlatformError, match="runner is unusable: reallocating its FIFOs for slots of"):

@@ -8,13 +8,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from hccc.compiler.frontend import generators as gen
-from hccc.compiler.passes.build import build_program
 from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.launcher import Runner
 
@@ -27,28 +26,40 @@ GONE_S = 60
 
 @needs_gxx
 def test_an_interrupt_stops_the_kernels_before_their_buffers_are_freed(monkeypatch):
-    """Ctrl-C arriving while the kernels run (here: as the wait for them starts): every buffer is
-    freed only after every launch has ended (the stream has nothing pending)."""
-    ir = build_program(gen.ring_allgather(4), chunk_bytes=256)
-    with Runner(ir, "cpu", "float32", "sum", nthreads=2, direct="off") as runner:
-        assert runner.run(count=4 * 4096).ok          # built and warm
-        pf = runner.rank_pf[0]
-        frees, real_free = [], pf.free
+    """Ctrl-C (a real SIGINT) arriving while the kernels run (here: a deadlock whose kernels would
+    spin for a minute): the run ends at once with the KeyboardInterrupt, nothing is freed while a
+    launch is still pending (the stream has nothing pending at every free, through to close), and
+    the runner is still usable."""
+    from codegen_irs import stuck_ir
+    from hccc.runtime.cpu import CpuPlatform
+    pf = CpuPlatform()
+    frees, real_free = [], pf.free
 
-        def free(ptr):
-            frees.append(any(s.pending for s in pf._streams))
-            return real_free(ptr)
+    def free(ptr):
+        frees.append(any(s.pending for s in pf._streams))
+        return real_free(ptr)
+    monkeypatch.setattr(pf, "free", free)
+    with Runner(stuck_ir(), pf, "float32", "sum", nthreads=2, timeout_s=60, watchdog_s=120) as runner:
+        assert runner.run(count=16, timeout_s=0.2).stuck is not None      # built and warm
 
-        def interrupted(limit):
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(pf, "free", free)
-        monkeypatch.setattr(runner.launches, "wait", interrupted)
-        with pytest.raises(KeyboardInterrupt):
-            runner.run(count=4 * 4096, iters=3)
-        assert frees and not any(frees), "a buffer was freed while a launch was still pending"
-        monkeypatch.undo()
-        assert runner.run(count=4 * 4096).ok          # the runner is still usable
+        def press_ctrl_c():
+            deadline = time.monotonic() + 30
+            while not any(s.pending for s in pf._streams) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.2)                              # the kernels spin: the host waits for them
+            os.kill(os.getpid(), signal.SIGINT)
+        presser = threading.Thread(target=press_ctrl_c)
+        t0 = time.monotonic()
+        presser.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                runner.run(count=16, iters=3)
+        finally:
+            presser.join()
+        assert time.monotonic() - t0 < 30, "the kernels were not stopped"
+        assert not any(frees), "a buffer was freed while a launch was still pending"
+        assert runner.run(count=16, timeout_s=0.2).stuck is not None      # the runner is still usable
+    assert frees and not any(frees), "memory was freed while a launch was still pending"
 
 
 def test_deferred_interrupts_hold_ctrl_c_until_the_block_ends():

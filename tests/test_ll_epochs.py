@@ -4,10 +4,12 @@ slots are zeroed only at the first LL launch, after Simple launches and when the
 * the rule, against an oracle that tracks which flags the slots may hold (intervals of 32-bit
   values written since the last zeroing, or "anything" after a Simple launch) and checks that no
   launch that does not zero awaits one of them;
-* the single-process Runner in the CPU emulation: repeated LL runs (and iterations of one run)
+* a job of every rank in this process (:class:`~hccc.runtime.local_job.LocalJob`, the ranks the
+  single-process runner runs) in the CPU emulation: repeated LL runs (and iterations of one run)
   with no zeroing between them, lines of the previous launch with their data corrupted left in
   the slots, the wrap of the epochs, and Simple / LL alternation, every output compared with the
-  reference; the slots read back carry the epoch in their flags.
+  reference; the slots read back (each rank's :attr:`~hccc.runtime.process_rank.ProcessRank.memory`)
+  carry the epoch in their flags.
 
 The Communicator and the C++ host API are checked in tests/test_ll_launchers.py.
 """
@@ -24,7 +26,7 @@ from hccc.compiler.backend import abi
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.runtime import launcher
-from hccc.runtime.launcher import Runner
+from hccc.runtime.local_job import LocalJob
 from hccc.runtime.ll_epoch import LLEpochs, ll_messages_bound
 
 from conftest import examples
@@ -122,7 +124,7 @@ def test_message_bound_covers_the_kernels_micro_batches():
     assert ll_messages_bound(3, 0, 2, 4, 1024, 1024, 1024) == 3
 
 
-# ---------------------------------------------------------------------------- the Runner
+# ---------------------------------------------------------------------------- the ranks of a job
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
 
@@ -139,10 +141,25 @@ def slot_zeroings(monkeypatch):
     return seen
 
 
-def _flags_in_slot0(runner: Runner, rank: int, nlines: int) -> np.ndarray:
-    plan, mem, pf = runner.rank_plans[rank], runner.rank_mem[rank], runner.rank_pf[rank]
-    slots = np.zeros(plan.slots_bytes, np.uint8)
-    pf.memcpy_dtoh(slots, mem.slots)
+def _job(ir) -> LocalJob:
+    return LocalJob(ir, nthreads=32, direct="off")
+
+
+def _epochs(job: LocalJob) -> set:
+    """(next epoch, zeroings) of every rank's LL epochs: one pair, every rank derives the same."""
+    return {(c.ll_epochs.next, c.ll_epochs.zeroings) for c in job.comms}
+
+
+def _slots(job: LocalJob, rank: int) -> tuple[np.ndarray, object]:
+    """Rank ``rank``'s FIFO slots read back, and its memory."""
+    mem = job.comms[rank].memory
+    slots = np.zeros(mem.plan.slots_bytes, np.uint8)
+    mem.platform.memcpy_dtoh(slots, mem.slots)
+    return slots, mem
+
+
+def _flags_in_slot0(job: LocalJob, rank: int, nlines: int) -> np.ndarray:
+    slots, _ = _slots(job, rank)
     return slots[:nlines * 8].view(np.uint64) >> np.uint64(32)
 
 
@@ -152,14 +169,14 @@ def test_repeated_ll_runs_reuse_the_slots_without_zeroing(slot_zeroings):
     different inputs and uneven counts: the slots are zeroed before the first launch only, every
     output is right, and the lines left in a slot carry the last launch's epoch."""
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=256)
-    with Runner(ir, "cpu", "float32", "sum", nthreads=32, direct="off") as runner:
+    with _job(ir) as job:
         for i, count in enumerate([1000, 37, 1000, 515, 8, 999]):
-            res = runner.run(count=count, proto="ll", seed=i, iters=2, warmup=1, inplace=bool(i % 2))
+            res = job.run(count=count, proto="ll", seed=i, iters=2, warmup=1, inplace=bool(i % 2))
             assert res.ok and res.proto == "ll" and res.wrong == 0, (i, res.stuck, res.first_wrong)
-        assert runner.ll_epochs.next == 18 and runner.ll_epochs.zeroings == 1
+        assert _epochs(job) == {(18, 1)}
         # one reset per rank and launch; only the first launch's zero the slots
         assert slot_zeroings == [True] * 4 + [False] * (17 * 4)
-        flags = _flags_in_slot0(runner, 0, 2)          # a message of the last launch
+        flags = _flags_in_slot0(job, 0, 2)          # a message of the last launch
         assert (flags >> np.uint64(SHIFT) == 17).all() and (flags % (1 << SHIFT) > 0).all(), flags
 
 
@@ -169,19 +186,17 @@ def test_stale_lines_with_corrupted_data_are_not_taken():
     next LL run (the next epoch, no zeroing) still gives the reference's result, at a count whose
     messages reuse those very lines."""
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=256)
-    with Runner(ir, "cpu", "float32", "sum", nthreads=32, direct="off") as runner:
+    with _job(ir) as job:
         for i in range(3):
-            res = runner.run(count=1000, proto="ll", seed=i)
+            res = job.run(count=1000, proto="ll", seed=i)
             assert res.ok and res.wrong == 0
             for r in range(4):
-                plan, mem, pf = runner.rank_plans[r], runner.rank_mem[r], runner.rank_pf[r]
-                slots = np.zeros(plan.slots_bytes, np.uint8)
-                pf.memcpy_dtoh(slots, mem.slots)
+                slots, mem = _slots(job, r)
                 lines = slots.view(np.uint64)
                 flagged = (lines >> np.uint64(32)) != 0
                 lines[flagged] = (lines[flagged] & np.uint64(0xFFFFFFFF00000000)) | np.uint64(0x7FC00001)
-                pf.memcpy_htod(mem.slots, slots)
-        assert runner.ll_epochs.zeroings == 1
+                mem.platform.memcpy_htod(mem.slots, slots)
+        assert {c.ll_epochs.zeroings for c in job.comms} == {1}
 
 
 @needs_gxx
@@ -190,17 +205,18 @@ def test_the_epochs_wrap_with_one_zeroing(slot_zeroings):
     zeroing (their flags end at 2**32 - 1), the next launch zeroes and runs in epoch 0 again, every
     output right."""
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=256)
-    with Runner(ir, "cpu", "float32", "sum", nthreads=32, direct="off") as runner:
-        assert runner.run(count=1000, proto="ll", seed=0).wrong == 0
-        runner.ll_epochs.next = abi.LL_EPOCHS - 2
+    with _job(ir) as job:
+        assert job.run(count=1000, proto="ll", seed=0).wrong == 0
+        for c in job.comms:                # every rank alike (the call check compares them)
+            c.ll_epochs.next = abi.LL_EPOCHS - 2
         got = []
         for i in range(4):
-            res = runner.run(count=1000 - i, proto="ll", seed=i + 1)
+            res = job.run(count=1000 - i, proto="ll", seed=i + 1)
             assert res.ok and res.wrong == 0, (i, res.stuck)
-            got.append(int(_flags_in_slot0(runner, 1, 1)[0]) >> SHIFT)
+            got.append(int(_flags_in_slot0(job, 1, 1)[0]) >> SHIFT)
         assert got == [abi.LL_EPOCHS - 2, abi.LL_EPOCHS - 1, 0, 1]
         assert slot_zeroings == [True] * 4 + [False] * 8 + [True] * 4 + [False] * 4
-        assert runner.ll_epochs.zeroings == 2
+        assert {c.ll_epochs.zeroings for c in job.comms} == {2}
 
 
 @needs_gxx
@@ -209,10 +225,10 @@ def test_simple_and_ll_alternate(slot_zeroings):
     follows one): the LL launch after a Simple one zeroes, the one after an LL one does not; every
     output right."""
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=256)
-    with Runner(ir, "cpu", "float32", "sum", nthreads=32, direct="off") as runner:
+    with _job(ir) as job:
         protos = ["simple", "ll", "simple", "ll", "ll", "simple", "ll"]
         for i, proto in enumerate(protos):
-            res = runner.run(count=1000 - 3 * i, proto=proto, seed=i)
+            res = job.run(count=1000 - 3 * i, proto=proto, seed=i)
             assert res.ok and res.proto == proto and res.wrong == 0, (i, proto, res.stuck)
         per_launch = slot_zeroings[::4]
         assert per_launch == [False, True, False, True, False, False, True]

@@ -55,11 +55,17 @@ def test_runner_sends_direct_messages_as_ll_lines_under_ll():
     receiver's output). Under Simple the slots of those messages stay untouched; under LL the launch
     has no peers array, so every message's slot holds LL lines (flag = message index +
     LL_FLAG_BASE, message k in slot k mod NSLOTS) and the run says how many receives that moved."""
-    from hccc.runtime.launcher import Runner
+    from hccc.runtime.local_job import LocalJob
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=1024)
     count = 4 * 64
-    with Runner(ir, "cpu", "float32", "sum", nthreads=2) as runner:
-        assert runner.direct_receives() > 0
+    # the runner's ranks (a LocalJob started at the least slot, launched together with direct
+    # mode's peers array, as the runner launches them), each rank's slots read from its memory
+    least = 16 * ir.max_step_chunks
+    with LocalJob(ir, nthreads=2, fifo_capacity=least) as job:
+        assert job.direct_receives() > 0
+
+        def run(**kw):
+            return job.run(count=count, direct=True, **kw)
 
         def first_words(at: int = 0):
             """[rank, receive connection, slot]: 8 bytes of the slot, ``at`` bytes in (a Simple
@@ -67,35 +73,37 @@ def test_runner_sends_direct_messages_as_ll_lines_under_ll():
             abi.SLOT_OVERHEAD: the sender writes no header; LL lines start at 0)."""
             out = []
             for r in range(4):
-                plan, mem, pf = runner.rank_plans[r], runner.rank_mem[r], runner.rank_pf[r]
+                mem = job.comms[r].memory
+                plan = mem.plan
                 raw = np.zeros(plan.slots_bytes, np.uint8)
-                pf.memcpy_dtoh(raw, mem.slots)
+                mem.platform.memcpy_dtoh(raw, mem.slots)
                 out.append([[raw[j * plan.fifo_bytes + s * plan.slot_bytes + at:][:8].view(np.uint64)[0]
                              for s in range(abi.NSLOTS)] for j in range(len(plan.recv_conns))])
             return np.array(out, np.uint64)
 
         # the FIFOs follow the call (a Simple call's slots; an LL call's are twice as large): one
         # call first, so that the slots marked below are those the Simple call runs in
-        assert runner.run(count=count, proto="simple").ok
+        assert run(proto="simple").ok
         for r in range(4):
-            runner.rank_pf[r].memset(runner.rank_mem[r].slots, 0xAB, runner.rank_plans[r].slots_bytes)
+            mem = job.comms[r].memory
+            mem.platform.memset(mem.slots, 0xAB, mem.plan.slots_bytes)
         inputs = reference.make_inputs("allreduce", 4, count, "float32", nchunks=ir.nchunks, seed=1)
         want = np.sum(np.stack(inputs), axis=0)
-        res = runner.run(count=count, proto="simple", inputs=inputs, keep_outputs=True)
-        assert res.ok and res.proto == "simple" and runner.proto_note is None
+        res = run(proto="simple", inputs=inputs, keep_outputs=True)
+        assert res.ok and res.proto == "simple" and job.proto_note is None
         untouched = first_words(abi.SLOT_OVERHEAD) == np.uint64(0xABABABABABABABAB)
         # 6 messages per connection (3 ReduceScatter through the FIFO, 3 AllGather direct)
         assert untouched[:, :, 3:6].all() and not untouched[:, :, :3].any()
-        res = runner.run(count=count, proto="ll", inputs=inputs, keep_outputs=True)
+        res = run(proto="ll", inputs=inputs, keep_outputs=True)
         assert res.ok and res.proto == "ll"
-        assert f"{runner.direct_receives()} direct-mode receives" in runner.proto_note
+        assert f"{job.direct_receives()} direct-mode receives" in job.proto_note
         flags = first_words()[:, :, :6] >> np.uint64(32)
         assert (flags == np.arange(6, dtype=np.uint64) + np.uint64(abi.LL_FLAG_BASE)).all(), flags
         for out in res.outputs:
             assert np.array_equal(out, want)
-    with Runner(ir, "cpu", "float32", "sum", nthreads=2, direct="off") as runner:
-        assert runner.direct_receives() == 0
-        assert runner.run(count=count, proto="ll").ok and runner.proto_note is None
+    with LocalJob(ir, nthreads=2, direct="off") as job:
+        assert job.direct_receives() == 0
+        assert job.run(count=count, proto="ll", direct=True).ok and job.proto_note is None
 
 
 # ---------------------------------------------------------------------------- the Communicator

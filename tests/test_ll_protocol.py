@@ -36,6 +36,7 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.channels import with_channels
 from hccc.runtime import reference
 from hccc.runtime.launcher import Runner
+from hccc.runtime.local_job import LocalJob
 from hccc.compiler.passes.slicing import slot_share_bytes
 from hccc.runtime.rank_memory import launch_proto
 from conftest import examples, harness_library
@@ -286,14 +287,14 @@ def test_slots_hold_ll_lines_after_an_ll_run():
     ir = build_program(gen.ring_allgather(2), chunk_bytes=256)
     count = 2 * 20                                   # 80 bytes per chunk: under the LL share
     inputs = reference.make_inputs("allgather", 2, count, "float32", nchunks=2, seed=0)
-    with Runner(ir, "cpu", "float32", "sum", nthreads=2, direct="off") as runner:
+    with LocalJob(ir, nthreads=2, direct="off") as job:
         for proto in ("ll", "simple"):
-            res = runner.run(count=count, proto=proto)
+            res = job.run(count=count, proto=proto)
             assert res.ok and res.proto == proto
             for r in range(2):
-                plan, mem, pf = runner.rank_plans[r], runner.rank_mem[r], runner.rank_pf[r]
-                slots = np.zeros(plan.slots_bytes, np.uint8)
-                pf.memcpy_dtoh(slots, mem.slots)
+                mem = job.comms[r].memory                # the rank's own FIFOs, read back
+                slots = np.zeros(mem.plan.slots_bytes, np.uint8)
+                mem.platform.memcpy_dtoh(slots, mem.slots)
                 sent = inputs[1 - r].astype(np.float32)
                 if proto == "ll":
                     lines = slots[:80 // abi.LL_DATA * abi.LL_LINE].view(np.uint64)   # its words

@@ -195,8 +195,9 @@ def test_a_stuck_grid_times_out_and_names_the_rank_and_its_own_thread_block():
     """Ranks that receive before they send: the grid's blocks time out and exit, and the report
     names the rank and its thread block in the rank's numbering (rank 1's TB 0 is block 2)."""
     from codegen_irs import stuck_ir
-    with Runner(stuck_ir(), "cpu", "float32", "sum", nthreads=2, timeout_s=0.2) as runner:
-        assert runner.grid_fn is not None and runner.grid == [2, 2]
+    ir = stuck_ir()
+    with Runner(ir, "cpu", "float32", "sum", nthreads=2, timeout_s=0.2) as runner:
+        assert runner.grid_fn is not None and [int(n) * ir.nchannels for n in ir.ntbs] == [2, 2]
         res = runner.run(count=16)
     assert res.stuck is not None
     assert re.match(r"rank [01], TB 0 stuck in recv for chunk [01] \(micro-batch 0\): waiting for data "

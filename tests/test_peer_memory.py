@@ -24,7 +24,7 @@ from hccc.compiler.passes.build import build_program
 from hccc.runtime.cpu import CpuPlatform
 from hccc.runtime.hip import HipPlatform
 from hccc.runtime.kernel_abi import Conn
-from hccc.runtime.launcher import Runner
+from hccc.runtime.local_job import LocalJob
 
 
 class RecordingCpu(CpuPlatform):
@@ -47,19 +47,21 @@ def _in_peer(pf: RecordingCpu, ptr: int, n: int) -> bool:
 def test_everything_a_peer_touches_is_peer_memory(make):
     ir = build_program(make(), chunk_bytes=256)
     pf = RecordingCpu()
-    with Runner(ir, pf, "float32", "sum", timeout_s=20.0) as runner:
-        res = runner.run(count=1000 + 7)
+    with LocalJob(ir, backend=pf, kernel_timeout_s=20.0) as job:
+        res = job.run(count=1000 + 7, proto="simple")
         assert res.ok, res
-        slot_bytes = runner.slot_bytes
         for r in range(ir.nranks):
-            for tab, n in ((runner.send_tab[r], len(runner.manifest["ranks"][r]["send_conns"])),
-                           (runner.recv_tab[r], len(runner.manifest["ranks"][r]["recv_conns"]))):
+            mem = job.comms[r].memory
+            plan = mem.plan
+            assert mem.platform is pf
+            for tab, n in ((mem.send_tab, len(plan.send_conns)), (mem.recv_tab, len(plan.recv_conns))):
                 conns = (Conn * max(n, 1)).from_address(tab)
                 for c in conns[:n]:
-                    assert _in_peer(pf, c.slots, runner.nslots * slot_bytes)
+                    assert _in_peer(pf, c.slots, plan.nslots * plan.slot_bytes)
                     assert _in_peer(pf, c.head, 8) and _in_peer(pf, c.tail, 8)
-            assert _in_peer(pf, runner.prog_ptr[r], 8)
-        assert not _in_peer(pf, runner.error_ptr, 8)     # reached by CAS only, never polled
+            assert _in_peer(pf, mem.progress, 8)
+            # the abort flag, which the peers raise, in the block they reach (the error record with it)
+            assert _in_peer(pf, job.comms[r].flags.abort, 8)
 
 
 class FakeHipApi:

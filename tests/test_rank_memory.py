@@ -244,16 +244,18 @@ _VALUE_FIELDS = ("count", "timeout", "slice_bytes", "proto", "ll_epoch", "vcount
 @needs_gxx
 @pytest.mark.parametrize("codegen", ["specialized", "table"])
 def test_runner_and_communicator_pack_the_same_arguments(tmp_path, monkeypatch, codegen):
-    """The same program and calls through the single-process Runner and a one-rank Communicator:
-    every launch's argument has the same values (count, spin-wait limit, slice, protocol, LL
-    epoch; in table mode the table's address after it), and its addresses are each launcher's own
-    rank memory (connection tables, progress counters, flags, table). The slot capacity differs
-    by design: the Runner's follows the call, the Communicator's its per-connection budget."""
+    """The same program and calls through the single-process runner's ranks (a
+    :class:`~hccc.runtime.local_job.LocalJob`, its FIFOs grown with the calls) and a one-rank
+    Communicator of its own process: every launch's argument has the same values (count,
+    spin-wait limit, slice, protocol, LL epoch; in table mode the table's address after it), and
+    its addresses are each launcher's own rank memory (connection tables, progress counters,
+    flags, table). The slot capacity differs by design: the job's follows the call, the
+    Communicator's its per-connection budget."""
     from communicator_calls import require_torch
     require_torch()
     from hccc.runtime.communicator import Communicator
     from hccc.runtime.cpu import CpuPlatform
-    from hccc.runtime.launcher import Runner
+    from hccc.runtime.local_job import LocalJob
     seen = []
     real = CpuPlatform.launch
 
@@ -263,11 +265,11 @@ def test_runner_and_communicator_pack_the_same_arguments(tmp_path, monkeypatch, 
     monkeypatch.setattr(CpuPlatform, "launch", record)
     ir = build_program(gen.ring_allreduce(1), chunk_bytes=256)
     calls = [(100, "ll"), (100, "ll"), (64, "simple"), (100, "ll")]
-    runner_mems = []          # the Runner's FIFOs follow the calls (reallocated when one needs more)
-    with Runner(ir, "cpu", timeout_s=7, codegen=codegen, one_grid=False) as runner:
+    runner_mems = []          # the job's FIFOs follow the calls (reallocated when one needs more)
+    with LocalJob(ir, kernel_timeout_s=7, codegen=codegen) as job:
         for count, proto in calls:
-            assert runner.run(count=count, proto=proto).ok
-            runner_mems.append((runner.rank_mem[0], runner.flags))
+            assert job.run(count=count, proto=proto, one_grid=False).ok
+            runner_mems.append((job.comms[0].memory, job.comms[0].flags))
     n_runner = len(seen)
     with Communicator(ir, rank=0, world_size=1, init_method=f"file://{tmp_path}/store", codegen=codegen,
                       timeout_s=20, kernel_timeout_s=7) as comm:
@@ -275,7 +277,7 @@ def test_runner_and_communicator_pack_the_same_arguments(tmp_path, monkeypatch, 
             comm.proto = proto
             x = np.arange(count, dtype=np.float32)
             assert np.array_equal(comm.all_reduce(x), np.arange(count, dtype=np.float32))
-        comm_mem = (comm._mem, comm.flags)
+        comm_mem = (comm.memory, comm.flags)
     assert n_runner == len(calls) and len(seen) == 2 * len(calls)
     size = ctypes.sizeof(kernel_abi.Args)
     for i in range(len(calls)):

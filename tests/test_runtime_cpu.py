@@ -19,6 +19,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from hccc.compiler.backend.abi import NSLOTS
 from hccc.compiler.backend.codegen import generate
 from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.runtime import cache, kernel_abi, reference
@@ -198,7 +199,8 @@ def test_a_program_over_the_thread_budget_is_told_the_budget_that_runs_it(monkey
         Runner(ir, CpuPlatform(max_threads=15), nthreads=2)
     monkeypatch.setenv("HCCC_CPU_MAX_THREADS", "8")
     with Runner(ir, CpuPlatform()) as runner:
-        assert runner.block == 1 and runner.run(count=1000).wrong == 0
+        res = runner.run(count=1000)
+        assert res.nthreads == 1 and res.wrong == 0
 
 
 def test_the_thread_budget_follows_the_environment_and_the_system(monkeypatch):
@@ -301,8 +303,8 @@ def test_kernel_abi_matches_the_header(pf, tmp_path):
     ir = ring_allreduce(2)
     with Runner(ir, pf) as runner:
         out = (ctypes.c_uint64 * 4)()
-        runner.module.lib.hccc_cpu_abi(out)
-        assert tuple(out[:3]) == kernel_abi.sizes() and out[3] == runner.nslots
+        runner.platform.load(runner.libraries["cuda"]).lib.hccc_cpu_abi(out)   # the module the run built
+        assert tuple(out[:3]) == kernel_abi.sizes() and out[3] == NSLOTS
     e = kernel_abi.ErrorRecord(claimed=1, valid=1, rank=3, tb=2, seq=1, op=int(Op.RECV_REDUCE_COPY),
                                wait=kernel_abi.WAIT_DATA, chunk=5, task=9, microbatch=4, waited=2000)
     from hccc.runtime.kernel_errors import describe_stuck
@@ -610,11 +612,11 @@ def test_build_is_cached_by_content(tmp_path):
     pf = CpuPlatform(opt="-O0", cache_dir=tmp_path)
     ir = ring_allreduce(2)
     with Runner(ir, pf, "int32", "max", cache_dir=tmp_path) as r1:
-        lib1 = r1.module.path
+        lib1 = r1.libraries["cuda"]
     with Runner(ir, pf, "int32", "max", cache_dir=tmp_path) as r2:
-        assert r2.module.path == lib1
+        assert r2.libraries["cuda"] == lib1
     with Runner(ir, pf, "int32", "min", cache_dir=tmp_path) as r3:
-        assert r3.module.path != lib1
+        assert r3.libraries["cuda"] != lib1
     pch, = (tmp_path / "cpu_pch").iterdir()
     assert len(list((tmp_path / "cpu_engine").iterdir())) == 2
     out = tmp_path / "src"
@@ -697,7 +699,7 @@ def test_modules_are_linked_by_gold_where_the_driver_has_it(tmp_path, monkeypatc
     for gold in (True, False):
         monkeypatch.setattr(cpu_build, "links_with", lambda exe, flag, gold=gold: gold)
         with Runner(ir, CpuPlatform(opt="-O0"), "int32", "max") as r:
-            libs[gold] = r.module.path
+            libs[gold] = r.libraries["cuda"]
             assert r.run(count=64).ok
     notes = {g: subprocess.run(["readelf", "-n", str(p)], capture_output=True, text=True).stdout
              for g, p in libs.items()}
@@ -837,11 +839,11 @@ def test_runner_fits_threads_per_block_instead_of_refusing():
     from hccc.runtime.rank_kernels import fit_block_threads
     ir = ring_allreduce(4)
     pf = _WidePlatform(max_threads=8 * 32)          # 8 blocks of 32 threads, not of 64
+    assert sum(int(n) for n in ir.ntbs) * ir.nchannels == 8
     with Runner(ir, pf) as runner:
-        assert runner.block == 32 and runner.blocks == [32] * 4 and sum(runner.grid) == 8
         assert "32 threads per thread block instead of the emitted 64" in runner.threads_note
         res = runner.run(count=1000)
-        assert res.wrong == 0 and not res.stuck
+        assert res.nthreads == 32 and res.wrong == 0 and not res.stuck
     with pytest.raises(PlatformError, match="resident at once"):
         Runner(ir, _WidePlatform(max_threads=8 * 32), nthreads=64)
     b, note = fit_block_threads(512, "cuda", lambda b: b <= 128)
@@ -863,8 +865,8 @@ def test_the_cpu_emulation_fits_down_to_one_thread_per_block():
     thread budget at its default 2 threads it goes down to 1 (not to a GPU's warp, which left
     synthesised tree programs of 4,000+ blocks refused), and the run is right."""
     ir = ring_allreduce(4)
+    assert sum(int(n) for n in ir.ntbs) * ir.nchannels == 8
     with Runner(ir, CpuPlatform(max_threads=8)) as runner:      # 8 blocks: of 1 thread, not of 2
-        assert runner.block == 1 and sum(runner.grid) == 8
         assert "1 thread per thread block instead of the emitted 2" in runner.threads_note
         res = runner.run(count=1000)
-        assert res.wrong == 0 and not res.stuck
+        assert res.nthreads == 1 and res.wrong == 0 and not res.stuck

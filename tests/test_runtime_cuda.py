@@ -957,11 +957,11 @@ def test_fake_platform_refuses_a_grid_that_cannot_be_resident(nvcc):
         assert runner.run(8 * 1024 * 4).stuck is None
         with pytest.raises(PlatformError, match=rf"need {total + 1} thread blocks resident together "
                                                 rf"but it holds at most {total}"):
-            pf.launch_grid(runner.grid_fn, total + 1, 512, b"\0" * 16, runner.streams[0])
+            pf.launch_grid(runner.grid_fn, total + 1, 512, b"\0" * 16, pf.stream())
         fake.per_sm = 0.5            # the occupancy answer stays cached; the driver now refuses
         with pytest.raises(PlatformError, match=r"cooperative launch of hccc_ring_allgather_8_grid_float32_sum "
                                                 rf"\({total} blocks of 512 threads.*every block fits"):
-            pf.launch_grid(runner.grid_fn, total, 512, b"\0" * 16, runner.streams[0])
+            pf.launch_grid(runner.grid_fn, total, 512, b"\0" * 16, pf.stream())
 
 
 @pytest.mark.slow
