@@ -15,7 +15,7 @@ from hccc.compiler.ir.program_ir import Op
 
 ABI_VERSION = abi.VERSION
 
-_CTYPES = {"uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32, "int": ctypes.c_int32,
+_CTYPES = {"uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32, "int": ctypes.c_int32, "int16_t": ctypes.c_int16,
            "uint64_t": ctypes.c_uint64, "int64_t": ctypes.c_int64}
 
 

@@ -15,8 +15,11 @@ connections, at most ``NSLOTS`` units, which the data threads run line by line, 
 costs its lines' loads at every unit, and its hand-over one unit's fixed cost after the block's
 previous unit (or the launch), which it waits for no data to take: its units wait for no barrier,
 fence or sync lane, so a line's path through a rank is a hop and the line's move (a structural
-reading of the engine, not a measurement; the GPU builds leave chains out for now,
-``HCCC_LL_CHAINS``, so this predicts the design, not today's GPU kernels). It lives in the runtime
+reading of the engine, not a measurement, where the kernels decode the program into a primitive
+table, :func:`chain_units`: the chain's links are its entries, marked by codegen,
+``hccc_pd::chain``). Only the CPU emulation's kernels run chains today
+(:data:`hccc.compiler.ir.ll_chains.CHAIN_PLATFORMS`): for GPU builds the model predicts the design,
+not the kernels they run. It lives in the runtime
 layer because it counts the kernels' traffic as the emitted kernels move it.
 """
 from __future__ import annotations
@@ -26,12 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from hccc.compiler.backend.abi import NSLOTS
+from hccc.compiler.ir.ll_chains import CHAIN_PIECES, CHAIN_PRIMS
 from hccc.compiler.ir.program_ir import Op
 from hccc.compiler.passes.kernel_cost import LL_DATA_FRACTION, KernelCosts, unit_class
 from hccc.runtime.kernel_traffic import DIRECT_COST, HBM_COST, prim_bytes, traffic
 
 __all__ = ["MAX_UNITS", "CHAIN_PRIMS", "CHAIN_PIECES", "GROUP_UNIT_PROTOS", "unit_seconds", "ProgramTime",
-           "unit_graph", "ll_chains", "group_units", "merge_groups", "program_time", "call_time", "ll_ahead_up_to", "LL_CROSSOVER_SIZES"]
+           "unit_graph", "ll_chains", "chain_units", "group_units", "merge_groups", "program_time", "call_time", "ll_ahead_up_to", "LL_CROSSOVER_SIZES"]
 
 #: The most units (primitives x micro-batches) :func:`program_time` composes: its graph's memory and
 #: time grow with them (about 100 bytes and a microsecond a unit); a call past it is refused.
@@ -109,45 +113,25 @@ def unit_graph(program, m: int, nslots: int | None = NSLOTS):
     return n * m, es, ed, ek, m
 
 
-#: the engine's HCCC_CHAIN_PRIMS and HCCC_CHAIN_PIECES: the most primitives a fused LL chain holds,
-#: the chunks each moves
-CHAIN_PRIMS = 8
-CHAIN_PIECES = 1
-
-
 def ll_chains(program, m: int) -> list[range]:
-    """The fused LL chains the engine forms at ``m`` micro-batches a primitive (``hccc_chain_link``;
-    under LL, no direct receive), as row ranges: a fused primitive of :data:`CHAIN_PIECES` chunk
-    that awaits no dependency and that none awaits starts one where ``m`` is at most ``NSLOTS``,
-    and the rows after it in its block join while they are such primitives on the same receive
-    and send connections, up to :data:`CHAIN_PRIMS` rows and ``NSLOTS`` units (rows x ``m``).
-    (AVG: the engine also ends a chain where a row scales its source and the chain's first does
-    not, or the reverse; the model has no operator and does not.)"""
-    p = program.prims
-    n = int(program.nprims)
-    if n == 0 or int(m) > NSLOTS:
-        return []
-    op = p["op"].astype(np.int64)
-    fused = np.isin(op, [int(Op.RECV_COPY_SEND), int(Op.RECV_REDUCE_SEND), int(Op.RECV_REDUCE_COPY_SEND)])
-    cnt = p["count"].astype(np.int64)
-    waits = np.zeros(n, bool)
-    waits[np.asarray(program.dep_prim, np.int64)] = True
-    waits[np.asarray(program.dep_on, np.int64)] = True
-    link = fused & (cnt >= 1) & (cnt <= CHAIN_PIECES) & ~waits
-    key = [p[k].astype(np.int64) for k in ("rank", "tb", "recv_peer", "send_peer", "channel")]
-    same = np.zeros(n, bool)
-    same[1:] = link[1:] & link[:-1]
-    for k in key:
-        same[1:] &= k[1:] == k[:-1]
-    out: list[range] = []
-    for i in np.flatnonzero(link & ~same).tolist():
-        j = i + 1
-        while j < n and same[j]:
-            j += 1
-        most = min(CHAIN_PRIMS, NSLOTS // int(m))
-        for s in range(i, j, most):
-            out.append(range(s, min(j, s + most)))
-    return out
+    """The fused LL chains the engine forms at ``m`` micro-batches a primitive, as row ranges: the
+    rows codegen marks (:func:`hccc.compiler.ir.ll_chains.chain_rows`: fused primitives of
+    :data:`CHAIN_PIECES` chunk, awaiting no dependency and awaited by none, in runs
+    on one block's receive and send connections) cut into chains of ``min(CHAIN_PRIMS, NSLOTS //
+    m)`` rows, none past ``NSLOTS`` micro-batches (:func:`~hccc.compiler.ir.ll_chains.chain_pieces`,
+    ``hccc_chain_enter``). The launch-wide conditions are :func:`chain_units`'; under AVG of a
+    floating type the engine forms none (the model has no operator and does not see it)."""
+    from hccc.compiler.ir.ll_chains import chain_pieces, chain_rows
+    return chain_pieces(chain_rows(program), m)
+
+
+def chain_units(program, proto: str, table: bool = False) -> bool:
+    """Whether the kernels that run ``program`` under ``proto`` form fused LL chains: under LL, in
+    kernels with a decoded primitive table (:func:`hccc.compiler.backend.prim_table.ptable_prims`:
+    the chain's links are its entries; not the table mode's generic kernels, ``table``, nor a
+    program that takes the per-primitive load)."""
+    from hccc.compiler.backend.prim_table import ptable_prims
+    return proto == "ll" and ptable_prims(program, no_table=table) > 0
 
 
 #: the protocols under which the GPU kernels run a receive group as N-source units: LL only (the
@@ -244,7 +228,7 @@ def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, 
         fixed = np.array([costs.fixed_seconds(unit_class(int(o)), warps, proto) for o in ops.tolist()])
         ready = np.zeros(nodes)
         extra = np.zeros(len(src))
-        for ch in ll_chains(program, m):
+        for ch in (ll_chains(program, m) if chain_units(program, proto, table) else []):
             rows = np.arange(ch.start, ch.stop, dtype=np.int64)
             at = (rows[:, None] * m + np.arange(m, dtype=np.int64)[None, :]).ravel()
             node_cost[at] -= fixed[at // m]

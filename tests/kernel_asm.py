@@ -12,9 +12,11 @@ import networkx as nx
 #: the only functions the engine calls: once a block (the launch's set-up; the decode of the block's
 #: primitives into its table, where the program has one), once a primitive where it has none (or,
 #: in an AllToAll program's engine, once a unit round of an AllToAllv primitive over
-#: HCCC_UNIT_PIECES chunks: hccc_v_round, from hccc_sprim_load or, with a table, the engine), on a
-#: timeout
-CALLEES = ("hccc_launch_init", "hccc_ptable_decode", "hccc_sprim_load", "hccc_v_round", "hccc_report_stuck")
+#: HCCC_UNIT_PIECES chunks: hccc_v_round, from hccc_sprim_load or, with a table, the engine), once
+#: a fused LL chain where the cursor reaches one (hccc_chain_enter: its links read from the table,
+#: shared memory only), on a timeout
+CALLEES = ("hccc_launch_init", "hccc_ptable_decode", "hccc_sprim_load", "hccc_v_round", "hccc_chain_enter",
+           "hccc_report_stuck")
 #: SASS: local memory (the stack)
 SASS_LOCAL = re.compile(r"\b(?:LDL|STL)\b")
 

@@ -63,6 +63,20 @@ def test_random_programs_in_bounds(collective, data):
     assert res.ok, describe_failure(case, res)
 
 
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce"])
+@FEW
+@given(data=st.data())
+def test_random_fused_programs_under_ll_in_bounds(collective, data):
+    """Fused programs under LL: their marked rows run as fused LL chains (every unit's slot, source
+    and destination from the decoded table, hccc_chain_enter), at 1 to 5 micro-batches."""
+    alg = data.draw(valid_programs(collective, max_ranks=4), label="program")
+    ir = build_program(alg, chunk_bytes=data.draw(st.sampled_from([32, 64])), fuse=True)
+    case = data.draw(kernel_cases(ir, dtypes=["float32", "float16", "int32"], max_microbatches=5,
+                                  threads=(1, 2)), label="case")
+    res = run_case(ir, case, timeout_s=60, proto="ll")
+    assert res.ok, describe_failure(case, res)
+
+
 @FEW
 @given(family=st.sampled_from([allpairs_allreduce, direct_allgather]), n=st.integers(2, 3),
        per=st.integers(1, 17), data=st.data())

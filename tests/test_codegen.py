@@ -138,7 +138,7 @@ def test_rejects_bad_platforms_and_chunk_bytes(tmp_path):
 
 
 # ---------------------------------------------------------------------------- independent parse
-_CALL = re.compile(r"^\s*HCCC_P(W?)(X?)\(([^)]*)\)")
+_CALL = re.compile(r"^\s*HCCC_P(W?)(X?)(G?)\(([^)]*)\)")
 _TB = re.compile(r"^\s*// TB (\d+):")
 _DEPS = re.compile(r"\bdeps\[\d+\] = \{([^}]*)\};")
 
@@ -159,7 +159,7 @@ def parse_rank_source(text: str):
             continue
         m = _CALL.search(line)
         if m:
-            a = [x.strip() for x in m.group(3).split(",")]
+            a = [x.strip() for x in m.group(4).split(",")]
             d = dict(seq=int(a[0]), op=Op[a[1]], sconn=int(a[2]), spos=int(a[3]),
                      rconn=int(a[4]), rpos=int(a[5]), sbuf=a[6], soff=int(a[7]), dbuf=a[8],
                      doff=int(a[9]), count=int(a[10]), chunk=int(a[11]), post=int(a[12]),
@@ -173,6 +173,8 @@ def parse_rank_source(text: str):
                 x = a[15:] if m.group(1) else a[14:]
                 d.update(direct=int(x[0]), dpeer=int(x[1]), pbuf=x[2], poff=int(x[3]), pbase=int(x[4]))
                 assert d["direct"] in (1, 2, 3)
+            if m.group(3):   # a receive group's size and a fused LL chain's mark, last of all
+                d.update(nsrc=int(a[-2]), chain=int(a[-1]))
             out[tb].append(d)
     assert taken == len(deps) or (taken == 0 and deps == [0]), "deps array and rows disagree"
     return out

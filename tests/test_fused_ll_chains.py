@@ -1,6 +1,6 @@
 """Fused LL chains (docs/kernel-protocol.md "Fused LL chains"): consecutive fused primitives of a
 thread block on one pair of connections run, under LL, in the data threads line by line, every
-micro-batch of each, handed over once (hccc_chain_build, hccc_chain_pieces in hccc_prims.h).
+micro-batch of each, handed over once (hccc_chain_enter, hccc_chain_prepare in hccc_prims.h).
 
 * the emitted kernels on the CPU emulation compute what the reference executor computes, for
   random valid programs of every collective lowered with fusion, under LL (uneven counts, dtypes,
@@ -10,7 +10,10 @@ micro-batch of each, handed over once (hccc_chain_build, hccc_chain_pieces in hc
   (:func:`chains_of`), against the kernel cost model's reading of the same rule
   (:func:`hccc.runtime.kernel_time.ll_chains`);
 * the model: a chain's units cost their lines alone, its hand-over one unit's fixed cost off the
-  path (it waits for no data), by hand on the fused ring AllReduce.
+  path (it waits for no data), by hand on the fused ring AllReduce;
+* the marks codegen emits (``hccc_pd::chain``, hccc.compiler.ir.ll_chains) are the chains found
+  here, and the CPU emulation, which compiles the CUDA build's chain code, hands its data threads
+  one descriptor per chain (traced through a test build's ``HCCC_TEST_CHAIN_HOOK``).
 """
 from __future__ import annotations
 
@@ -142,3 +145,72 @@ def test_random_fused_programs_under_ll_match_the_reference(data):
     codegen = data.draw(st.sampled_from(["specialized", "table"]), label="codegen")
     res = run_case(ir, case, codegen=codegen, proto="ll", timeout_s=30)
     assert res.ok, (codegen, ir.nchannels, describe_failure(case, res))
+
+
+def _marks_of(chains, n: int) -> list[int]:
+    """The marks codegen gives rows whose runs are ``chains`` (each at most CHAIN_PRIMS rows, so a
+    run is one chain): the chain's rows from each on, 0 outside every chain."""
+    out = [0] * n
+    for c in chains:
+        for j in c:
+            out[j] = c[-1] + 1 - j
+    return out
+
+
+def test_codegen_marks_the_chain_rows_in_the_emitted_program(tmp_path):
+    """The fused ring AllReduce 8's emitted rows (every rank's source): a chain's rows carry the
+    chain's rows from each on (``HCCC_P*G``'s last argument, the comment's ``LL chain of K rows
+    on``), every other row none, as chains_of finds them."""
+    import re
+    from hccc.compiler.backend.codegen import generate
+    ir = build_program(gen.ring_allreduce(8), fuse=True)
+    chains = chains_of(ir)
+    assert chains and all(len(c) <= CHAIN_PRIMS for c in chains)
+    want = _marks_of(chains, ir.nprims)
+    generate(ir, tmp_path, platforms=["cuda"] * ir.nranks)
+    got = []
+    for r in range(ir.nranks):
+        text = next(tmp_path.glob(f"*_r{r}.c*")).read_text()
+        rows = [x for x in text.splitlines() if re.match(r"\s+HCCC_P\w*\(", x)]
+        got += [int(m.group(1)) if (m := re.search(r"LL chain of (\d+) rows on", x)) else 0 for x in rows]
+    assert got == want
+
+
+@pytest.fixture(scope="module")
+def chain_traced(tmp_path_factory):
+    """A CPU platform whose engine writes a line to stderr for every chain it hands to the data
+    threads (``HCCC_TEST_CHAIN_HOOK``: its links and units); otherwise the build every test runs."""
+    from hccc.runtime import cpu, cpu_build
+    mp = pytest.MonkeyPatch()
+    mp.setattr(cpu_build, "_CXX_FLAGS", [*cpu_build._CXX_FLAGS,
+                                         '-DHCCC_TEST_CHAIN_HOOK(l,u)=fprintf(stderr,"hccc-chain %u %u\\n",l,u)'])
+    plat = cpu.CpuPlatform(cache_dir=tmp_path_factory.mktemp("chain-hook"))
+    try:
+        yield plat
+    finally:
+        plat.close()
+        mp.undo()
+
+
+@needs_gxx
+@pytest.mark.parametrize("n,channels", [(4, 1), (5, 2)])
+def test_the_emulation_runs_every_marked_chain_as_one_descriptor(chain_traced, capfd, n, channels):
+    """The CPU emulation compiles the GPU builds' chain code (HCCC_LL_CHAINS 1 there; GPU builds leave chains out, ll_chains.CHAIN_PLATFORMS)
+    and runs it: fused ring AllReduce n under LL at one micro-batch hands the data threads one
+    descriptor per chain chains_of finds (its links and units), in every block of every channel,
+    and computes the reference; under Simple, none."""
+    from hccc.compiler.passes.channels import with_channels
+    from hccc.testing import KernelCase
+    ir = with_channels(build_program(gen.ring_allreduce(n), fuse=True, chunk_bytes=256), channels)
+    chains = chains_of(ir)
+    assert chains
+    case = KernelCase(ir.nchunks * 4, "float32", "sum", False, 3)   # 16 B a chunk: one micro-batch
+    capfd.readouterr()
+    res = run_case(ir, case, backend=chain_traced, proto="ll", timeout_s=30)
+    assert res.ok and res.proto == "ll", describe_failure(case, res)
+    seen = sorted(tuple(int(v) for v in x.split()[1:]) for x in capfd.readouterr().err.splitlines()
+                  if x.startswith("hccc-chain "))
+    assert seen == sorted((len(c), len(c)) for c in chains for _ in range(channels))
+    res = run_case(ir, case, backend=chain_traced, proto="simple", timeout_s=30)
+    assert res.ok, describe_failure(case, res)
+    assert "hccc-chain" not in capfd.readouterr().err

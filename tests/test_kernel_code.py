@@ -4,7 +4,8 @@ hardware shows in the code nvcc (PTX and SASS, sm_90) and hipcc (gfx90a and gfx1
 Every kernel runs one engine per (dtype, op): ``hccc_run`` (hccc_prims.h), which calls nothing on
 its per-unit path but the once-per-block ``hccc_launch_init`` and ``hccc_ptable_decode`` (a
 program whose blocks decode their primitives into a shared-memory table at launch, as the example's)
-or the once-per-primitive ``hccc_sprim_load`` (one over the table's budget) and, on a timeout,
+or the once-per-primitive ``hccc_sprim_load`` (one over the table's budget), the once-per-chain
+``hccc_chain_enter`` (a fused LL chain's links, read from the table) and, on a timeout,
 ``hccc_report_stuck``.
 
 - Copy/reduce loops (in ``hccc_run``): every unrolled loop issues at least 4 independent 16-byte
@@ -22,7 +23,8 @@ or the once-per-primitive ``hccc_sprim_load`` (one over the table's budget) and,
   invalidation or another barrier; no local memory (LDL / STL) in any function of the kernels.
   The dependent global round trips from a unit's input becoming visible (the poll that sees its
   tail) to its post becoming visible, counted on every path of the machine code's control flow:
-  at most ROUND_TRIPS (3: the poll, the data's loads, the post; no region header read between).
+  at most ROUND_TRIPS (3: the poll, the data's loads, the post; no region header read between);
+  through a fused LL chain (``--fuse``), at most FUSED_ROUND_TRIPS (2: the line in, the line out).
 - Sync: the data threads and the sync lane meet at named barriers (``bar.sync`` / ``bar.arrive``),
   never at a block-wide barrier inside a loop; no sequentially consistent fence; on sm_90 the
   acquire and release fences are ``fence.acquire`` / ``fence.release`` (no full ``fence.acq_rel``),
@@ -630,6 +632,64 @@ def test_the_receive_to_post_path_has_at_most_three_dependent_round_trips_in_sas
     assert hops and all(n is not None for n in hops), hops
     trips = 1 + max(after_poll) + 1 + max(hops) + 1
     assert trips <= ROUND_TRIPS, (trips, after_poll, hops)
+
+
+#: dependent global round trips of a hop through a fused LL chain: the line that brings the data
+#: with its flag (one 16-byte load), the line sent on with the next flag (one 16-byte store)
+FUSED_ROUND_TRIPS = 2
+#: SASS: an LL line's load and store (16-byte volatile accesses: STRONG.SYS in a system build)
+SASS_LL_LINE_LOAD = re.compile(r"\bLDG\.E\.128\.STRONG\.SYS\b")
+SASS_GLOBAL_STORE = re.compile(r"\b(?:STG|ST)(?:\.[\w.]+)?\s")
+
+
+@pytest.fixture(scope="module")
+def fused_sass(tmp_path_factory):
+    """nvdisasm of rank 1's kernels (float32 sum, sm_90, system scope) of ring AllReduce 8 lowered
+    with --fuse: its fused rows are marked as LL chains (hccc.compiler.ir.ll_chains), whose units
+    the data threads run in the LL loop (hccc_ll_piece)."""
+    from hccc.compiler.ir.ll_chains import chain_rows
+    from hccc.compiler.pipeline import CompileOptions
+    tool = _nvdisasm()
+    if tool is None:
+        if os.environ.get("HCCC_REQUIRE_COMPILERS"):
+            pytest.fail("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    ir = load_program(EXAMPLE, CompileOptions(fuse="on"))
+    assert (chain_rows(ir) > 0).any()
+    d = tmp_path_factory.mktemp("fused")
+    generate(ir, d, platforms=["cuda"] * ir.nranks)
+    man = json.loads((d / "manifest.json").read_text())
+    src, cubin = d / "fused.cu", d / "fused.cubin"
+    src.write_text(translation_unit(man, Instance("float32", "sum"), [1], "cuda"))
+    # (chains forced on: CUDA builds leave them out, hccc.compiler.ir.ll_chains.CHAIN_PLATFORMS; the
+    # chains' code is held to its round trips for the build that runs it, the CPU emulation's)
+    res = subprocess.run([require_tool("nvcc"), *cuda_flags("sm_90", False, output="-cubin"), "-DHCCC_LL_CHAINS=1",
+                          "-I", str(d), "-o", str(cubin), str(src)], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    dis = subprocess.run([tool, "-c", str(cubin)], capture_output=True, text=True, timeout=300)
+    assert dis.returncode == 0, dis.stderr[-2000:]
+    return dis.stdout
+
+
+def test_a_fused_ll_hop_has_at_most_two_dependent_round_trips_in_sass(fused_sass):
+    """A hop through a fused LL chain, counted on the control flow of the engine's machine code
+    (sm_90, fused ring AllReduce 8, rank 1): from the load of a received line that brings its data
+    with its flag (1), on every path to the first global store (the line sent on with the next
+    message's flag, or the destination's copy), no global or generic load -- the source a
+    reduce-forward adds is read before the line's wait -- then the store (2): no barrier, fence,
+    call or header between (a spin that polls the line again, a wait that gives up, is not a hop).
+    Reading the source after the wait makes it 3."""
+    ins, labels = sass_cfg(fused_sass, "hccc_runI")
+    assert ins, "no engine"
+    lines = [i for i, x in enumerate(ins) if SASS_LL_LINE_LOAD.search(x)]
+    assert lines, "no LL line load"
+    load = lambda x: bool(SASS_GLOBAL_LOAD.search(x))
+    after = [most_on_a_path(ins, labels, i, SASS_GLOBAL_STORE.search, load,
+                            dead=lambda x: bool(SASS_LL_LINE_LOAD.search(x) or re.search(r"\b(?:CALL|BAR|WARPSYNC|EXIT|RET)\b", x)))
+             for i in lines]
+    assert all(n is not None for n in after), after
+    trips = 1 + max(after) + 1
+    assert trips <= FUSED_ROUND_TRIPS, (trips, after)
 
 
 #: sm_90 probes: the platform's wait (relaxed polls, then hccc_acquire_peer) and post (one

@@ -282,7 +282,10 @@ WAITS: tuple[tuple[str, int], ...] = (("DATA", 1), ("SLOT", 2), ("DEP", 3), ("CO
 
 # ---------------------------------------------------------------------------- primitive descriptor
 #: C type of each ``struct hccc_pd`` member (``int`` unless listed)
-_PD_CTYPES = {"spos": "int64_t", "rpos": "int64_t", "task": "int64_t"}
+_PD_CTYPES = {"spos": "int64_t", "rpos": "int64_t", "task": "int64_t",
+              # (two 16-bit fields, which keep struct hccc_pd at 96 bytes: a group's size is at most
+              # GROUP_RECVS, a chain mark at most ll_chains.CHAIN_PRIMS)
+              "nsrc": "int16_t", "chain": "int16_t"}
 #: the macros' argument order: every row, then the number of awaited progress counters
 #: (``HCCC_PW*``; the counters themselves are the rank's ``deps`` array, in primitive order), then
 #: the direct-mode fields (``HCCC_P*X``); codegen writes its rows in this order
@@ -290,16 +293,17 @@ PD_CALL_BASE = ("seq", "op", "sconn", "spos", "rconn", "rpos", "sbuf", "soff", "
                 "chunk", "post", "task")
 PD_CALL_WAITS = ("ndeps",)
 PD_CALL_DIRECT = ("direct", "dpeer", "pbuf", "poff", "pbase")
-#: ... then a receive group's size (``HCCC_P*G``: the first row of a group the kernels reduce as one
-#: unit, compiler/ir/reduce_groups.py)
-PD_CALL_GROUP = ("nsrc",)
+#: ... then a receive group's size and a fused LL chain's rows from this one on (``HCCC_P*G``: the
+#: first row of a group the kernels reduce as one unit, compiler/ir/reduce_groups.py; a row of a
+#: chain, compiler/ir/ll_chains.py)
+PD_CALL_GROUP = ("nsrc", "chain")
 #: the most receives a group holds (``HCCC_GROUP_RECVS``)
 from hccc.compiler.ir.reduce_groups import GROUP_RECVS  # noqa: E402
 #: fields given as an enumerator name at the call site (``SEND``, ``INPUT``): the prefix that makes
 #: the C constant
 PD_ENUM_PREFIX = {"op": "HCCC_", "sbuf": "HCCC_BUF_", "dbuf": "HCCC_BUF_", "pbuf": "HCCC_BUF_"}
 #: value of a field a macro does not take
-PD_DEFAULT = {"ndeps": "0", "direct": "0", "dpeer": "0", "pbuf": "NONE", "poff": "0", "pbase": "0", "nsrc": "0"}
+PD_DEFAULT = {"ndeps": "0", "direct": "0", "dpeer": "0", "pbuf": "NONE", "poff": "0", "pbase": "0", "nsrc": "0", "chain": "0"}
 
 
 def pd_struct_fields() -> tuple[CField, ...]:

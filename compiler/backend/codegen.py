@@ -122,6 +122,8 @@ def _template_env() -> jinja2.Environment:
     env.globals["types"] = dtypes_table   # and every element type and reduction operator
     env.globals["engine"] = engine_shape   # and the copy engine's vectors in flight a thread
     env.globals["prim_table"] = prim_table   # the decoded-primitive table's budget
+    from hccc.compiler.ir import ll_chains
+    env.globals["ll_chains"] = ll_chains   # the platforms whose kernels run fused LL chains
     return env
 
 
@@ -259,9 +261,10 @@ def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[me
     order). Primitives with direct-mode fields (``dx``,
     :func:`hccc.compiler.backend.direct_fields.direct_fields`) use ``HCCC_PX`` / ``HCCC_PWX``,
     which take ``direct, dpeer, PBUF, poff, pbase`` last, and their comment ends with ``, direct``.
-    The first row of a receive group (:mod:`hccc.compiler.ir.reduce_groups`) adds ``G`` to the
-    macro's name and its group's size as the last argument (``nsrc``); its comment ends with
-    ``, reduces K receives in one unit``.
+    The first row of a receive group (:mod:`hccc.compiler.ir.reduce_groups`) and a row of a fused LL
+    chain (:mod:`hccc.compiler.ir.ll_chains`) add ``G`` to the macro's name and the group's size and
+    the chain's rows from this one on as the last arguments (``nsrc, chain``); the comment ends with
+    ``, reduces K receives in one unit`` or ``, LL chain of K rows on``.
     """
     p = ir.prims
     n = ir.nprims
@@ -285,7 +288,8 @@ def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[me
         dep_len[col.dep_owner] = off[last + 1] - 2 - off[first]
     sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
     has_x = dx["direct"] != 0 if dx is not None else np.zeros(n, bool)
-    has_g = v["nsrc"] != 0
+    has_g = (v["nsrc"] != 0) | (v["chain"] != 0)
+    has_n, has_c = v["nsrc"] != 0, v["chain"] != 0
     rt = RowText(n)
     rt.text("  HCCC_P").text("W", has_deps).text("X", has_x).text("G", has_g).text("(")
     # the macro's arguments in the ABI's call order (hccc.compiler.backend.abi.pd_call_fields)
@@ -310,7 +314,8 @@ def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[me
     rt.text(", to r", sends).int(p["send_peer"], sends)
     rt.text(", after progress ", has_deps).blob(blob, dep_start, dep_len, has_deps)
     rt.text(", direct", has_x)
-    rt.text(", reduces ", has_g).int(v["nsrc"], has_g).text(" receives in one unit", has_g)
+    rt.text(", reduces ", has_n).int(v["nsrc"], has_n).text(" receives in one unit", has_n)
+    rt.text(", LL chain of ", has_c).int(v["chain"], has_c).text(" rows on", has_c)
     return rt.render_view("\n")
 
 

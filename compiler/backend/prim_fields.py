@@ -51,6 +51,8 @@ PD_FIELDS: tuple[PdField, ...] = (
     PdField("pbase", "column", "direct send: chunk of the full buffer chunk 0 of pbuf holds there"),
     PdField("nsrc", "column", "receives the kernels reduce in one unit from this row on (its group's rows, "
                               "compiler/ir/reduce_groups.py), 0: none"),
+    PdField("chain", "column", "rows of the fused LL chain run from this row on (compiler/ir/ll_chains.py), "
+                               "0: none"),
 )
 
 
@@ -65,7 +67,9 @@ def pd_columns(ir, col, dx: dict | None = None) -> dict[str, np.ndarray]:
         ndeps[col.dep_owner] = col.dep_n
     as64 = lambda a: np.asarray(a, np.int64)  # noqa: E731
     from hccc.compiler.ir.reduce_groups import group_rows, reduce_groups
-    nsrc = group_rows(ir.nprims, reduce_groups(ir, dx["direct"] if dx is not None else None, col.chunk))
+    from hccc.compiler.ir.ll_chains import chain_rows
+    direct = dx["direct"] if dx is not None else None
+    nsrc = group_rows(ir.nprims, reduce_groups(ir, direct, col.chunk))
     return {
         "seq": as64(p["seq"]), "op": as64(p["op"]), "sconn": as64(col.sconn),
         "rconn": as64(col.rconn), "spos": as64(col.spos), "rpos": as64(col.rpos),
@@ -75,6 +79,7 @@ def pd_columns(ir, col, dx: dict | None = None) -> dict[str, np.ndarray]:
         **{k: (as64(dx[k]) if dx is not None else np.zeros(ir.nprims, np.int64))
            for k in ("direct", "dpeer", "pbuf", "poff", "pbase")},
         "nsrc": nsrc,
+        "chain": chain_rows(ir),
     }
 
 
