@@ -122,7 +122,7 @@ def ll_chains(program, m: int) -> list[range]:
     ``hccc_chain_enter``). The launch-wide conditions are :func:`chain_units`'; under AVG of a
     floating type the engine forms none (the model has no operator and does not see it)."""
     from hccc.compiler.ir.ll_chains import chain_pieces, chain_rows
-    return chain_pieces(chain_rows(program), m)
+    return chain_pieces(chain_rows(program), m, NSLOTS)
 
 
 def chain_units(program, proto: str, table: bool = False) -> bool:

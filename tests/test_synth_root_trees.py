@@ -139,13 +139,14 @@ def test_capping_connection_ends_caps_them_in_the_lp(share):
     roots = rt_mod.spread_roots(net, 2)
     bw = pair_bandwidth(topo)
 
-    def arcs(rt):
-        out = np.zeros(net.nranks)
-        for (r, rev, par), y in zip(rt.trees, rt.weights):
-            v = np.flatnonzero(par >= 0)
-            np.add.at(out, v, y)
-            np.add.at(out, par[v], y)
-        return out
+    def arcs(rt):       # every arc of every tree is a connection end at both its ranks, by weight
+        out = [0.0] * net.nranks
+        for (_, _, par), y in zip(rt.trees, rt.weights):
+            for child, parent in enumerate(par.tolist()):
+                if parent >= 0:
+                    out[child] += float(y)
+                    out[parent] += float(y)
+        return np.asarray(out)
     free = rt_mod.pack_root_trees(net, roots, pair_bw=bw, deadline=clock.now() + 30)
     cap = float(arcs(free).max()) * share
     capped = rt_mod.pack_root_trees(net, roots, pair_bw=bw, deadline=clock.now() + 30,

@@ -87,11 +87,12 @@ def chain_rows(ir: ProgramIR) -> np.ndarray:
     return out
 
 
-def chain_pieces(marks: np.ndarray, m: int) -> list[range]:
+def chain_pieces(marks: np.ndarray, m: int, nslots: int) -> list[range]:
     """The chains the engine forms from ``marks`` (:func:`chain_rows`) at ``m`` micro-batches a
-    primitive, as row ranges: none past ``NSLOTS`` micro-batches; else each run cut greedily into
-    pieces of ``min(CHAIN_PRIMS, NSLOTS // m)`` rows."""
-    from hccc.compiler.backend.abi import NSLOTS
+    primitive with ``nslots`` FIFO slots a connection (the ABI's ``NSLOTS``), as row ranges: none
+    past ``nslots`` micro-batches; else each run cut greedily into pieces of ``min(CHAIN_PRIMS,
+    nslots // m)`` rows."""
+    NSLOTS = int(nslots)
     m = int(m)
     if m < 1 or m > NSLOTS:
         return []
