@@ -277,8 +277,8 @@ def _path_rank(rank, url, tls, max_size, conn, reader="poll"):
             conn.send(call(m, count))
             continue
         # mirrors and FIFOs as the connection tables hold them after wiring (the kernels' view)
-        mslots, shead, mtail = mem.send_conns[0]
-        rslots, mhead, rtail = mem.recv_conns[0]
+        mslots, shead, mtail, _ = mem.send_conns[0]   # (slots, head, tail, place)
+        rslots, mhead, rtail, _ = mem.recv_conns[0]
         src = np.full(m, rank + 1, dtype=np.uint8)
         dst = np.zeros(m, dtype=np.uint8)
         reset(m)

@@ -223,6 +223,10 @@ KNOWN_SPILLS = {
     # established
     ("float64", "sum", "grid"): "float64 sum and avg one-grid engines in one unit: the sync lane's counter spills",
     ("float64", "avg", "grid"): "float64 sum and avg one-grid engines in one unit: the sync lane's counter spills",
+    # the float64 avg rank kernel joined them (8 B stored, 12 loaded) with the engine's changes of 30
+    # November 2026 (each connection's scope: its bits and the two fence branches of the post and the
+    # acquire; the chains' codegen marks); not bisected between them
+    ("float64", "avg", "rank"): "float64 avg's engine in the library's unit: spills 8 B since each connection's scope",
 }
 
 
