@@ -54,12 +54,13 @@ RECV_DIR = 1
 #: wait-graph arcs followed: at most this many per primitive of the program, and at least
 #: :data:`SHARE_SEARCH_FLOOR`, split evenly over the ranks that share. Past its part, a rank's
 #: question left to a search counts as unreachable: the unit takes a thread block of its own, never
-#: a shared one the definition would refuse (spans alone are not enough: they can deadlock)
+#: a shared one the definition would refuse (sharing by spans alone was not kept: whether it can
+#: deadlock where the exact allocation does not is not established)
 #: (``Allocation.tbs_search_cut`` counts those ranks). Measured on the tree AllReduce hccc
 #: synthesises for 128 nodes of 8 H20s (4,190,208 primitives, up to 4,043 units a rank): the exact
 #: searches follow 0.28-0.93 G arcs a rank, 40 CPU s a rank compiled (about 11 hours for the
-#: program), and still give rank 0 3,133 thread blocks; 64 arcs a primitive make the whole
-#: allocation about 20 CPU s there
+#: program), and still give rank 0 3,133 thread blocks; with 64 arcs a primitive the whole compile
+#: takes 79.2 CPU s (``benchmarks/synth_scale.py --end-to-end --nodes 128``)
 SHARE_SEARCH_PER_PRIM = 64
 #: the least work of the sharing searches, whatever the program's size: no program of the examples
 #: or the tests comes near it (about 4 CPU s compiled), so their allocations are exact
