@@ -6,6 +6,12 @@ remote-buffer tables (rank-level channel ids). A ``pipeline``'s body stands in p
 pipeline (it runs once over the whole ranges); switch (NVLS) operations are rewritten into the
 memory-channel operations that do the same (:mod:`hccc.compiler.interop.mscclpp_switch`). A channel
 end several blocks use must be handed from one to the next by a semaphore chain.
+
+A run of plain ``nop``\ s (``{"name": "nop"}``, one after another in one list of operations) is read
+as its first: a ``nop`` is the block's ``__syncthreads()``, and a second one right after it orders
+nothing more. So a plan's ``nop``\ s cost the reader one comparison each and the later phases
+nothing (a plan of millions of them is read in seconds; the positions the messages name,
+``operation k``, count the run as one operation).
 """
 from __future__ import annotations
 
@@ -15,9 +21,30 @@ from hccc.compiler.interop.mscclpp_groups import pipeline_past_part
 from hccc.compiler.interop.mscclpp_layout import PlanLayout
 from hccc.compiler.interop.mscclpp_locate import PlanReader
 from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
-from hccc.compiler.interop.mscclpp_ops import BlockOp, PlanOp
+from hccc.compiler.interop.mscclpp_ops import NOP, BlockOp, PlanOp
 from hccc.compiler.interop.mscclpp_plan import EXECUTOR_COMMIT, OP_NAMES, PACKET_HANDLER_LINES, PACKET_OPS
 from hccc.compiler.interop.mscclpp_switch import SWITCH_OPS
+
+def _plain_nop(op) -> bool:
+    """Whether an operation object is a ``nop`` with no other field (read without checks)."""
+    return isinstance(op, dict) and len(op) == 1 and op.get("name") == "nop"
+
+
+def _read_list(objs, base: tuple, read) -> list:
+    """``read(path, object)`` of each operation object of the list ``objs`` at ``base`` (each a
+    list of ``(path, PlanOp, table)``), a run of plain ``nop``\ s read as its first."""
+    out: list = []
+    after_nop = False
+    for k, o in enumerate(objs):
+        if _plain_nop(o):
+            if not after_nop:
+                out.append((base + (k,), NOP, None))
+            after_nop = True
+            continue
+        after_nop = False
+        out.extend(read(base + (k,), o))
+    return out
+
 
 #: operations that count on a channel end (signals raise the partner's count, waits consume)
 _CHANNEL_SYNC = ("signal", "wait", "rlxsignal", "rlxwait", "pws", "pwsf")
@@ -92,31 +119,28 @@ class _BlockReader:
         # the block's switch channels (the loader concatenates every entry of that type)
         tb_switch = [c for e in tb.get("channels", []) if e.get("channel_type") == "switch"
                      for c in e.get("channel_ids", [])]
-        ops = []
-        for k, op in enumerate(self.rd.get(tb, "ops", base, list)):
-            p = base + ("ops", k)
-            if not (isinstance(op, dict) and op.get("name") == "pipeline"):
-                ops.extend(self.expand(r, op, p, tb_switch))
-                continue
-            ops.extend(self.pipeline_body(r, op, p, tb_switch))
-        return ops
+        def read(p, op):
+            if isinstance(op, dict) and op.get("name") == "pipeline":
+                return self.pipeline_body(r, op, p, tb_switch)
+            return self.expand(r, op, p, tb_switch)
+        return _read_list(self.rd.get(tb, "ops", base, list), base + ("ops",), read)
 
     def pipeline_body(self, r, op, p, tb_switch):
         """A pipeline's operations, which must all move the sizes its iterations cut."""
         rd = self.rd
         self.operation(r, op, p)
         self.pipelines[p] = (op["iter_context"]["unit_size"], op["iter_context"]["num_chunks"])
-        inner = []
-        for j, o in enumerate(op["ops"]):
+        def read(q, o):
             if isinstance(o, dict) and o.get("name") == "pipeline":
-                raise rd.err(p + ("ops", j), "a pipeline inside a pipeline")
+                raise rd.err(q, "a pipeline inside a pipeline")
             if isinstance(o, dict) and o.get("name") in PACKET_OPS:
-                raise rd.err(p + ("ops", j, "name"),
+                raise rd.err(q + ("name",),
                              f"'{o['name']}' inside a pipeline: the executor runs a packet operation whole "
                              f"in every iteration (its handler takes no iteration offset: "
                              f"{PACKET_HANDLER_LINES} at MSCCL++ {EXECUTOR_COMMIT}), which hccc does not "
                              f"model; move it out of the pipeline")
-            inner.extend(self.expand(r, o, p + ("ops", j), tb_switch))
+            return self.expand(r, o, q, tb_switch)
+        inner = _read_list(op["ops"], p + ("ops",), read)
         sizes = {ref.size for _, o, _ in inner for ref in (o.src or ()) + (o.dst or ())}
         if len(sizes) > 1:
             raise rd.err(p, "a pipeline whose operations move different sizes: its iterations "

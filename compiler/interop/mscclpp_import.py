@@ -112,15 +112,19 @@ def check_synchronisation(rd: PlanReader, layout: PlanLayout, blocks: PlanBlocks
 def _program(plan: dict, layout: PlanLayout, blocks: PlanBlocks, table: RowTable, deps: list):
     """The rows and dependencies as a ProgramIR in canonical order, with the plan's statistics, and
     which row of the table each of its primitives is."""
-    R, rows, tb_rows = layout.R, table.rows, table.tb_rows
+    R = layout.R
     dp = [a for a, _ in deps]
     do = [b for _, b in deps]
-    rows_arr = np.asarray(rows, dtype=np.int64).reshape(-1, 11)
+    rows_arr = table.array()
     N = len(rows_arr)
     rank, tb = rows_arr[:, 0], rows_arr[:, 1]
-    seq = np.zeros(N, np.int64)
-    for (r, ti), lst in tb_rows.items():
-        seq[lst] = np.arange(len(lst))
+    # a row's place in its block: its rank among the block's rows in the order they were made
+    by_block = np.lexsort((np.arange(N), tb, rank))
+    new_block = np.ones(N, bool)
+    new_block[1:] = (rank[by_block][1:] != rank[by_block][:-1]) | (tb[by_block][1:] != tb[by_block][:-1])
+    starts = np.maximum.accumulate(np.where(new_block, np.arange(N), 0))
+    seq = np.empty(N, np.int64)
+    seq[by_block] = np.arange(N) - starts
     cols = {"rank": rank, "tb": tb, "seq": seq, "pipeline": np.zeros(N), "op": rows_arr[:, 2],
             "send_peer": rows_arr[:, 3], "recv_peer": rows_arr[:, 4], "channel": rows_arr[:, 5],
             "src_buf": rows_arr[:, 6], "src_off": rows_arr[:, 7], "dst_buf": rows_arr[:, 8],
@@ -163,14 +167,11 @@ def _checked(rd: PlanReader, layout: PlanLayout, blocks: PlanBlocks, table: RowT
     from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_fifo_order, check_structure
     from hccc.compiler.ir.extents import ExtentError, check_extents
     from hccc.compiler.ir.symbolic import ProofError, check_deadlock_buffered, prove
-    where = [table.where[i] for i in order.tolist()]
-    paths = [table.paths[i] for i in order.tolist()]
-
     def describe(i):
-        return where[i]
+        return table.describe(int(order[i]))
 
     def fail(exc, prefix=""):
-        at = paths[exc.prims[0]] if getattr(exc, "prims", None) else ()
+        at = table.path(int(order[exc.prims[0]])) if getattr(exc, "prims", None) else ()
         text = str(exc)
         if getattr(exc, "kind", None) == "race" and exc.slot is not None and layout.F > 1:
             text = _group_race(layout, blocks, ir, exc.slot, text)

@@ -173,30 +173,39 @@ def _refinement(rd: PlanReader, gpus: list) -> tuple[int, bool]:
         tbs = g.get("threadblocks")
         for ti, tb in enumerate(tbs if isinstance(tbs, list) else ()):
             ops = tb.get("ops") if isinstance(tb, dict) else None
-            todo = [(("gpus", r, "threadblocks", ti, "ops", k), o)
-                    for k, o in enumerate(ops if isinstance(ops, list) else ())]
+            # (path of a list of operations, the list): paths are made only for an operation read
+            # further, so a long list of plain operations costs no tuple per operation
+            todo = [(("gpus", r, "threadblocks", ti, "ops"), ops if isinstance(ops, list) else ())]
             while todo:
-                p, op = todo.pop()
-                if not isinstance(op, dict):
-                    continue
-                if isinstance(op.get("ops"), list):
-                    todo.extend((p + ("ops", j), o) for j, o in enumerate(op["ops"]))
-                if "tbg_info" not in op:
-                    continue
-                info = op["tbg_info"]
-                if not isinstance(info, dict) or not all(isinstance(info.get(k), int) and not isinstance(info[k], bool)
-                                                         for k in ("tb_id", "tbg_size")) \
-                        or not 0 <= info["tb_id"] < info["tbg_size"]:
-                    raise rd.err(p + ("tbg_info",), "'tbg_info' needs integers 'tb_id' and 'tbg_size', "
-                                                    "0 <= tb_id < tbg_size")
-                F = math.lcm(F, info["tbg_size"])
-                uneven = uneven or any(isinstance(ref, dict) and isinstance(ref.get("size"), int)
-                                       and ref["size"] % info["tbg_size"]
-                                       for side in ("src_buff", "dst_buff")
-                                       for ref in (op.get(side) if isinstance(op.get(side), list) else ()))
-                if F > MAX_GROUP_PARTS:
-                    raise rd.err(p + ("tbg_info",), f"the plan's thread-block group sizes cut a chunk into "
-                                                    f"{F} parts: hccc models at most {MAX_GROUP_PARTS}")
+                at, lst = todo.pop()
+                for k, op in enumerate(lst):
+                    if isinstance(op, dict) and len(op) > 1 and (isinstance(op.get("ops"), list)
+                                                                 or "tbg_info" in op):
+                        F, uneven = _group_sizes(rd, at + (k,), op, F, uneven, todo)
+    return F, uneven
+
+
+def _group_sizes(rd: PlanReader, p: tuple, op: dict, F: int, uneven: bool, todo: list) -> tuple[int, bool]:
+    """:func:`_refinement`'s reading of one operation at ``p``: its body queued on ``todo``, its
+    ``tbg_info`` checked and joined to ``F`` and ``uneven``."""
+    if isinstance(op.get("ops"), list):
+        todo.append((p + ("ops",), op["ops"]))
+    if "tbg_info" not in op:
+        return F, uneven
+    info = op["tbg_info"]
+    if not isinstance(info, dict) or not all(isinstance(info.get(k), int) and not isinstance(info[k], bool)
+                                             for k in ("tb_id", "tbg_size")) \
+            or not 0 <= info["tb_id"] < info["tbg_size"]:
+        raise rd.err(p + ("tbg_info",), "'tbg_info' needs integers 'tb_id' and 'tbg_size', "
+                                        "0 <= tb_id < tbg_size")
+    F = math.lcm(F, info["tbg_size"])
+    uneven = uneven or any(isinstance(ref, dict) and isinstance(ref.get("size"), int)
+                           and ref["size"] % info["tbg_size"]
+                           for side in ("src_buff", "dst_buff")
+                           for ref in (op.get(side) if isinstance(op.get(side), list) else ()))
+    if F > MAX_GROUP_PARTS:
+        raise rd.err(p + ("tbg_info",), f"the plan's thread-block group sizes cut a chunk into "
+                                        f"{F} parts: hccc models at most {MAX_GROUP_PARTS}")
     return F, uneven
 
 

@@ -9,7 +9,10 @@ operation is received into its final place, as hccc's kernels receive.
 """
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
+
+import numpy as np
 
 from hccc.compiler.interop.mscclpp_blocks import PlanBlocks
 from hccc.compiler.interop.mscclpp_flow import PACKET_READS, Connections, DataFlow
@@ -20,22 +23,65 @@ from hccc.compiler.ir.program_ir import Buf, Op
 from collections import defaultdict
 
 
+#: what a row does for its operation, after the operation's description (the peer is the row's
+#: send peer, else its receive peer); a row holds the index
+NOTES = ("", "sending to rank", "receiving from rank", "reading rank", "from rank")
+SENDING, RECEIVING, READING, FROM = 1, 2, 3, 4
+#: the columns of a row, in order
+ROW_COLUMNS = ("rank", "tb", "op", "send_peer", "recv_peer", "channel", "src_buf", "src_off", "dst_buf", "dst_off",
+               "count")
+_CHANNEL = ROW_COLUMNS.index("channel")
+
+
 class RowTable:
-    """The rows so far (rank, tb, op, send_peer, recv_peer, channel, sb, so, db, do, count), each
-    with its description and the path of its operation in the plan, and every block's rows."""
+    """The rows so far as columns (:data:`ROW_COLUMNS`, one flat 64-bit array, a row after the
+    other), each row with the operation it belongs to (an index into ``ops``: the operation's path
+    in the plan and its description, kept once per operation) and its :data:`NOTES` entry. A row
+    costs 11 integers and two small ones, its message is written only when asked for
+    (:meth:`describe`), so a plan's rows take memory in proportion to their number, not to their
+    text."""
 
     def __init__(self):
-        self.rows: list[list] = []
-        self.where: list[str] = []
-        self.paths: list[tuple] = []
-        self.tb_rows: dict[tuple, list[int]] = defaultdict(list)
+        self.cols = array("q")
+        self.op_of = array("q")
+        self.note = array("b")
+        self.ops: list[tuple[tuple, str]] = []   # (path, description) of each operation with rows
 
-    def add(self, r, ti, op, path, desc, sp=-1, rp=-1, ch=0, sb=Buf.NONE, so=0, db=Buf.NONE, do=0, n=1) -> int:
-        self.rows.append([r, ti, int(op), sp, rp, ch, int(sb), so, int(db), do, n])
-        self.where.append(desc)
-        self.paths.append(path)
-        self.tb_rows[(r, ti)].append(len(self.rows) - 1)
-        return len(self.rows) - 1
+    def __len__(self) -> int:
+        return len(self.op_of)
+
+    def add(self, r, ti, op, path, desc, sp=-1, rp=-1, ch=0, sb=Buf.NONE, so=0, db=Buf.NONE, do=0, n=1,
+            note=0) -> int:
+        """Append a row of operation (``path``, ``desc``): the same objects for every row of one
+        operation, which is then kept once; its index."""
+        last = self.ops[-1] if self.ops else None
+        if last is None or last[0] is not path or last[1] is not desc:
+            self.ops.append((path, desc))
+        self.cols.extend((r, ti, int(op), sp, rp, ch, int(sb), so, int(db), do, n))
+        self.op_of.append(len(self.ops) - 1)
+        self.note.append(note)
+        return len(self.op_of) - 1
+
+    def set_channel(self, row: int, ch: int) -> None:
+        self.cols[row * len(ROW_COLUMNS) + _CHANNEL] = ch
+
+    def array(self) -> np.ndarray:
+        """The rows as an (N, 11) int64 array (a view of the columns)."""
+        return np.frombuffer(self.cols, dtype=np.int64).reshape(-1, len(ROW_COLUMNS)) if len(self) \
+            else np.zeros((0, len(ROW_COLUMNS)), np.int64)
+
+    def path(self, row: int) -> tuple:
+        return self.ops[self.op_of[row]][0]
+
+    def describe(self, row: int) -> str:
+        """Row ``row``'s message: its operation's description and what the row does there."""
+        text = self.ops[self.op_of[row]][1]
+        note = self.note[row]
+        if not note:
+            return text
+        base = row * len(ROW_COLUMNS)
+        sp, rp = self.cols[base + 3], self.cols[base + 4]
+        return f"{text} {NOTES[note]} {sp if sp >= 0 else rp}"
 
 
 def write_rows(rd: PlanReader, layout: PlanLayout, blocks: PlanBlocks, flow: DataFlow, conns: Connections,
@@ -46,9 +92,10 @@ def write_rows(rd: PlanReader, layout: PlanLayout, blocks: PlanBlocks, flow: Dat
     order = SyncOrder(rd, gpus)
     builder = RowBuilder(rd, layout, flow, conns, table, order)
     for r, ti, ops in blocks.tbs:
+        before = len(table)
         for pos, (p, op) in enumerate(ops):
             builder.operation(r, ti, pos, p, op)
-        if not table.tb_rows.get((r, ti)):
+        if len(table) == before:
             # a block that only synchronises (or has no operations) moves no data: a NOP keeps
             # its place, so the program's thread blocks stay the plan's
             at = ops[0][0] if ops else ("gpus", r, "threadblocks", ti)
@@ -66,7 +113,7 @@ def _set_put_channels(rd: PlanReader, blocks: PlanBlocks, flow: DataFlow, table:
                     if "channel" not in s:
                         raise rd.err(s["path"], f"rank {r} sends to rank {s['peer']}, but rank {s['peer']} "
                                                 f"never receives it (no matching wait or packet read)")
-                    table.rows[s["row"]][5] = s["channel"]
+                    table.set_channel(s["row"], s["channel"])
 
 
 class RowBuilder:
@@ -92,7 +139,7 @@ class RowBuilder:
         for kind, what in self.flow.emit_at.get((r, ti, pos), []):
             if kind == "send":
                 s = what
-                s["row"] = self.add(r, ti, Op.SEND, p, desc + f" sending to rank {s['peer']}", sp=s["peer"],
+                s["row"] = self.add(r, ti, Op.SEND, p, desc, sp=s["peer"], note=SENDING,
                                     ch=-1, sb=s["sb"], so=s["so"], n=s["n"])
         self.order.note(self.add, r, ti, p, op, desc)
 
@@ -113,7 +160,7 @@ class RowBuilder:
                         b, i, n = s["dst"]
                         ch = self.conns.number(s["key"] + (s["tb"], ti))
                         s["channel"] = ch
-                        self.add(r, ti, Op.RECV, p, desc + f" receiving from rank {peer}", rp=peer, ch=ch,
+                        self.add(r, ti, Op.RECV, p, desc, rp=peer, ch=ch, note=RECEIVING,
                                  db=b, do=i, n=n)
 
     def sends_at_signal(self, r, ti, p, op, desc):
@@ -124,7 +171,7 @@ class RowBuilder:
             self.nsig[(r, t, c)] += 1
             for rr in self.flow.sig_reads.get((r, t, c, k), []):
                 b, i, n = rr["src"]
-                rr["send_row"] = self.add(r, ti, Op.SEND, p, desc + f" sending to rank {rr['rank']}",
+                rr["send_row"] = self.add(r, ti, Op.SEND, p, desc, note=SENDING,
                                           sp=rr["rank"], ch=rr["channel"], sb=b, so=i, n=n)
 
     def local(self, r, ti, pos, p, op, desc):
@@ -165,14 +212,14 @@ class RowBuilder:
         if op.name == "get":
             for x in mine:
                 d = ref(op, op.dst[x["j"]], p + ("dst_buff", x["j"]), r)
-                self.add(r, ti, Op.RECV, p, desc + f" reading rank {x['peer']}", rp=x["peer"], ch=x["channel"],
+                self.add(r, ti, Op.RECV, p, desc, rp=x["peer"], ch=x["channel"], note=READING,
                          db=d[1], do=d[2], n=d[3])
             return
         s0 = ref(op, op.src[0], p + ("src_buff", 0), r)
         d = ref(op, op.dst[0], p + ("dst_buff", 0), r)
         acc = s0
         for x in mine:
-            self.add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" reading rank {x['peer']}", rp=x["peer"],
+            self.add(r, ti, Op.RECV_REDUCE_COPY, p, desc, rp=x["peer"], note=READING,
                      ch=x["channel"], sb=acc[1], so=acc[2], db=d[1], do=d[2], n=d[3])
             acc = d
 
@@ -233,13 +280,13 @@ class RowBuilder:
             s["received"] = True
             if d is not None and s.get("readers", 1) == 1:
                 if acc is None:
-                    self.add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+                    self.add(r, ti, Op.RECV, p, desc, rp=s["rank"], note=FROM,
                              ch=s["channel"], db=d[1], do=d[2] + off, n=n)
                 else:
-                    self.add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+                    self.add(r, ti, Op.RECV_REDUCE_COPY, p, desc, rp=s["rank"], note=FROM,
                              ch=s["channel"], sb=acc[1], so=acc[2] + off, db=d[1], do=d[2] + off, n=n)
                 return
-            s["pk_row"] = self.add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+            s["pk_row"] = self.add(r, ti, Op.RECV, p, desc, rp=s["rank"], note=FROM,
                                    ch=s["channel"], db=Buf.SCRATCH, do=slot, n=n)
             s["tb_in"] = ti
         elif s.get("tb_in", s.get("tb") if s.get("local") else None) != ti:
@@ -266,4 +313,4 @@ class RowBuilder:
             self.add(r, ti, Op.REDUCE, p, desc, sb=s[1], so=s[2], db=d[1], do=d[2], n=n)
 
 
-__all__ = ["RowTable", "RowBuilder", "write_rows"]
+__all__ = ["NOTES", "ROW_COLUMNS", "RowTable", "RowBuilder", "write_rows"]
