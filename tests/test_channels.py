@@ -303,20 +303,25 @@ def test_command_line_channels(tmp_path):
 
 
 def test_a_header_count_that_cannot_run_is_located_at_the_header(tmp_path):
-    """``auto`` takes the .rccl header's nChannels for GPU code: where that count cannot run, the
-    error is located at the header and names nChannels, not a --channels nobody gave; a
-    command-line count that cannot run is still the option's error."""
+    """A header nChannels past MAX_CHANNELS is refused where it is written, by every command alike:
+    ``check`` accepts only what the GPU compile takes (the CPU emulation, which runs one channel
+    whatever the header says, refuses it too: a header that checks must compile), naming nChannels,
+    not a --channels nobody gave."""
     from cli_runs import run_cli
     alg = tmp_path / "ring.rccl"
-    alg.write_text(_ring_text(3).replace("nChannels=1", f"nChannels={MAX_CHANNELS + 1}"))
-    p = run_cli(alg, "-o", tmp_path / "out", "--target", "cuda")
-    assert p.returncode == 1 and not (tmp_path / "out").exists()
-    assert re.match(rf"^{re.escape(str(alg))}:1:1: error: nChannels={MAX_CHANNELS + 1} \(the header's\): "
-                    rf"{MAX_CHANNELS + 1} channels: must be 1\.\.{MAX_CHANNELS}", p.stderr), p.stderr
-    assert "--channels" not in p.stderr
-    # the CPU emulation runs one channel whatever the header says
-    p = run_cli("run", alg, "--sizes", "4096")
-    assert p.returncode == 0, p.stderr
+    text = _ring_text(3)
+    alg.write_text(text.replace("nChannels=1", f"nChannels={MAX_CHANNELS + 1}"))
+    col = text.splitlines()[0].index("nChannels=1") + len("nChannels=") + 1
+    for cmd in ((alg, "-o", tmp_path / "out", "--target", "cuda"), ("check", alg), ("run", alg, "--sizes", "4096")):
+        p = run_cli(*cmd)
+        assert p.returncode == 1 and not (tmp_path / "out").exists(), (cmd, p.stderr)
+        assert re.match(rf"^{re.escape(str(alg))}:1:{col}: error: header parameter 'nChannels' must be at most "
+                        rf"{MAX_CHANNELS} \(MAX_CHANNELS", p.stderr), p.stderr
+        assert "--channels" not in p.stderr and "Traceback" not in p.stderr
+    # the most the kernels take checks, and runs (one channel on the CPU emulation)
+    alg.write_text(text.replace("nChannels=1", f"nChannels={MAX_CHANNELS}"))
+    assert run_cli("check", alg).returncode == 0
+    assert run_cli("run", alg, "--sizes", "4096").returncode == 0
 
 
 def _ring_text(n: int) -> str:

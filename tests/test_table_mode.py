@@ -18,7 +18,8 @@ from hccc.compiler.backend import table_format as tf
 from hccc.compiler.backend import table_units
 from hccc.compiler.backend.table_codegen import generate_table
 from hccc.compiler.backend.table_program import load_tables, program_from_table, table_path
-from hccc.compiler.ir.program_ir import PRIM_COLUMNS
+from hccc.compiler.ir.program_ir import MAX_CHANNELS, PRIM_COLUMNS
+from hccc.compiler.passes.channels import with_channels
 from hccc.compiler.pipeline.emitters import exports
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.frontend import generators as gen
@@ -67,8 +68,13 @@ def test_tables_round_trip_the_program(tmp_path_factory, data):
     if data.draw(st.booleans(), label="a slice policy of its own"):
         ir.micro_batches = data.draw(st.integers(1, 4096), label="nMicroBatches")
         ir.min_slice_bytes = 16 * data.draw(st.integers(1, 1 << 12), label="MinSliceBytes / 16")
+    # any warp count a header may give (threads are capped at 1,024 when emitted) and any channel
+    # count the compile takes: what compiled loads back
+    ir.nwarps = data.draw(st.sampled_from([1, 16, 32, 33, 64, 1 << 20]), label="nWarps")
+    ir = with_channels(ir, data.draw(st.sampled_from([1, 2, MAX_CHANNELS]), label="channels"))
     _, man, blob = _written_table(ir, tmp_path_factory.mktemp("t"))
     back = program_from_table(man, blob)
+    assert (back.nwarps, back.nchannels) == (ir.nwarps, ir.nchannels)
     assert back.slice_policy == ir.slice_policy
     assert ("slicing" in man) == (not ir.slice_policy.is_default)
     assert (back.name, back.collective, back.nranks, back.nchunks) == (ir.name, ir.collective,

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from hccc.compiler.backend import table_format as tf
-from hccc.compiler.ir.program_ir import COLLECTIVES, PRIM_COLUMNS, Buf, ProgramIR, split_stats
+from hccc.compiler.ir.program_ir import (COLLECTIVES, MAX_CHANNELS, MAX_WARPS, PRIM_COLUMNS, Buf, ProgramIR,
+                                         split_stats)
 from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, MAX_MIN_SLICE_BYTES
 
 
@@ -160,13 +161,13 @@ def program_from_table(manifest: dict, data: bytes, where: str = "table") -> Pro
         out_chunks=nb[int(Buf.OUTPUT)], scratch_chunks=nb[int(Buf.SCRATCH)], prims=prims,
         dep_prim=np.concatenate(dep_prim) if dep_prim else np.zeros(0, np.int64),
         dep_on=np.concatenate(dep_on) if dep_on else np.zeros(0, np.int64),
-        nwarps=_whole(manifest.get("nwarps", 16), "nwarps", 1, 32),
+        nwarps=_whole(manifest.get("nwarps", 16), "nwarps", 1, MAX_WARPS),
         chunk_bytes=_whole(manifest.get("chunk_bytes"), "chunk_bytes", 1, 1 << 40),
         npipelines=_whole(manifest.get("npipelines", 0), "npipelines"),
         ntbs=np.array([tables[r][0].ntbs for r in range(N)], np.int32),
         stats=stats, origin=origin, allocation=allocation,
         root=_whole(manifest.get("root", 0), "root", 0, max(0, N - 1)),
-        nchannels=max(1, _whole(manifest.get("nchannels", 1), "nchannels", 1, 1 << 16)))
+        nchannels=_whole(manifest.get("nchannels", 1), "nchannels", 1, MAX_CHANNELS))
     sl = manifest.get("slicing")
     if sl is not None:
         if not isinstance(sl, dict):

@@ -37,6 +37,10 @@ RRC = 1   # dst's chunk := dst's chunk (+) src's chunk   (recvReduceCopy)
 OP_NAMES = {RECV: "recv", RRC: "rrc"}
 #: the largest channel a transfer may name
 MAX_CHANNEL = 1023
+#: most blocks per thread block (a header's ``nChannels``, a ProgramIR's ``nchannels``): what the
+#: kernels' compile takes (:func:`hccc.compiler.passes.channels.resolve_channels`), so what every
+#: reader of a count refuses past
+MAX_CHANNELS = 64
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from lark import Lark, Token, Tree
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
 from lark.lexer import BasicLexer, PatternStr, UnlessCallback
 
-from hccc.compiler.frontend.algorithm import RECV, RRC, Collective, Header
+from hccc.compiler.frontend.algorithm import MAX_CHANNELS, RECV, RRC, Collective, Header
 from hccc.compiler.frontend.collectives import DSL_NAMES, SPECS, one_of
 from hccc.compiler.frontend.slice_policy import DEFAULT_MICRO_BATCHES, DEFAULT_MIN_SLICE_BYTES, SLICE_ALIGN, SlicePolicy
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile, closest, did_you_mean
@@ -613,6 +613,9 @@ _PARAMS = {
 }
 _PARAM_MIN = {"nRanks": 1, "nChannels": 1, "nWarps": 1, "GPUPerNode": 0, "NICPerNode": 0, "Root": 0, "Shift": 0,
               "nChunksPerRank": 1, "nMicroBatches": 1, "MinSliceBytes": SLICE_ALIGN}
+#: header parameters with an upper bound: nChannels, what the kernels' compile takes (a header that
+#: checks must compile)
+_PARAM_MAX = {"nChannels": (MAX_CHANNELS, "MAX_CHANNELS, the most blocks a thread block runs as")}
 #: upper bound on nRanks * nChunksPerRank (the verifier's state has nRanks * nChunks rows)
 MAX_CHUNKS = 1 << 24
 # Header integers that the body may read as predefined variables.
@@ -750,6 +753,9 @@ class _HeaderBuilder:
             lo = _PARAM_MIN[name]
             if v < lo:
                 raise CompileError.at(vloc, f"header parameter '{name}' must be at least {lo}, got {v}")
+            if name in _PARAM_MAX and v > _PARAM_MAX[name][0]:
+                hi, why = _PARAM_MAX[name]
+                raise CompileError.at(vloc, f"header parameter '{name}' must be at most {hi} ({why}), got {v}")
             return v
         if val.data == "pstring":
             text = _unquote(str(val.children[0]))

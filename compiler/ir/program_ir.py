@@ -59,6 +59,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from hccc.compiler.frontend.algorithm import MAX_CHANNELS  # re-exported: most blocks per TB (``nchannels``)
 from hccc.compiler.frontend.collectives import NAMES, SPECS
 from hccc.compiler.ir.sort_order import lexsort
 from hccc.compiler.frontend.slice_policy import DEFAULT_MICRO_BATCHES, DEFAULT_MIN_SLICE_BYTES, SlicePolicy
@@ -382,8 +383,6 @@ MAX_RANKS = 1 << 16
 MAX_CHUNKS = 1 << 24
 MAX_WARPS = 1 << 62   # as .rccl nWarps; threads per TB are capped at 1024 when emitted
 MAX_TBS_PER_RANK = 1 << 20
-#: most blocks per TB (``nchannels``)
-MAX_CHANNELS = 64
 MAX_PRIMS = 1 << 26
 CHUNK_ALIGN = 16
 MAX_CHUNK_BYTES = 1 << 30
