@@ -208,6 +208,20 @@ class Sweep:
     step: str            # "2(factor)", "1024(bytes)" or "list"
 
 
+def sizes_error(sweep: Sweep, dtypes) -> str | None:
+    """Why a size of the sweep cannot be used with one of ``dtypes`` (not a whole number of its
+    elements: nccl-tests' count would be rounded, 0 for a size below one element), or None. The one
+    check ``hccc run`` and ``hccc sim`` make, before any table."""
+    from hccc.util.dtypes import DTYPES
+    nbytes = {d.name: d.bytes for d in DTYPES}
+    for dtype in dict.fromkeys(dtypes):
+        es = nbytes[dtype]
+        bad = [b for b in sweep.sizes if b % es]
+        if bad:
+            return f"size {bad[0]} is not a whole number of {dtype} elements ({es} bytes each)"
+    return None
+
+
 def sweep_is_default(args) -> bool:
     """Whether the command line gave no sizes (neither --sizes nor a -b/-e sweep)."""
     return args.sizes is None and all(getattr(args, k) is None

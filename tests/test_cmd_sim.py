@@ -274,6 +274,22 @@ def test_usage_errors_exit_2(capsys, args):
     assert main(["sim", HM_AR, "--topology", TOPO1, *args]) == 2
 
 
+@pytest.mark.parametrize("dtype, size", [("int64", "4"), ("int64", "12"), ("float16", "1"), ("int32", "1M,1026"),
+                                         ("all", "4")])
+def test_sizes_of_no_whole_element_are_refused_as_run_refuses_them(capsys, dtype, size):
+    """A size that is not a whole number of elements (4 bytes of int64: nccl-tests' count 0) is
+    refused by sim as by run, the same message, exit 2, before any table (sim printed a time for
+    count 0 where run refused)."""
+    rc, out, err = sim(capsys, HM_AR, "--topology", TOPO1, "-d", dtype, "--sizes", size)
+    assert rc == 2 and "#" not in out and "Traceback" not in err, err
+    assert err.startswith("hccc sim: error: size ") and "is not a whole number of" in err, err
+    assert main(["run", HM_AR, "-d", dtype, "--sizes", size]) == 2
+    assert capsys.readouterr().err.replace("hccc run", "hccc sim") == err
+    # a whole number of elements is simulated, its count the size over the element's bytes
+    rc, out, err = sim(capsys, HM_AR, "--topology", TOPO1, "-d", "int64", "--sizes", "16")
+    assert rc == 0 and re.search(r"^\s+16\s+2\s+int64\b", out, re.M), out
+
+
 def test_topology_is_required(capsys):
     assert main(["sim", HM_AR]) == 2
 

@@ -229,6 +229,40 @@ def test_single_file_output_new_and_regular(tmp_path):
         check_output_file(tmp_path / "missing" / "x.xml")
 
 
+@pytest.mark.parametrize("step, fails, words", [
+    ("mkstemp", "tempfile.mkstemp", "cannot create a temporary file in"),
+    ("write", "os.fsync", "cannot write the temporary file"),
+    ("rename", "os.replace", "cannot rename the temporary file"),
+])
+def test_a_failed_single_file_write_names_the_step_that_failed(tmp_path, monkeypatch, step, fails, words):
+    """A file system that refuses the temporary file beside the output (/proc) once read "cannot
+    write '/proc/self/mem': No such file or directory" of a file that exists: each step's failure
+    names the step; the output stays as it was, no temporary is left."""
+    import errno
+    import tempfile
+
+    out = tmp_path / "old.xml"
+    out.write_text("old")
+
+    def refuse(*a, **k):
+        raise OSError(errno.ENOENT, os.strerror(errno.ENOENT))
+    mod, name = fails.split(".")
+    monkeypatch.setattr({"os": os, "tempfile": tempfile}[mod], name, refuse)
+    with pytest.raises(CompileError) as exc:
+        write_text_atomically(out, "new")
+    monkeypatch.undo()
+    msg = str(exc.value)
+    assert f"cannot write '{out}': {words}" in msg and msg.endswith("No such file or directory"), msg
+    assert out.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["old.xml"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="no /proc")
+def test_xml_to_proc_self_mem_says_what_failed():
+    r = run_hccc("xml", EXAMPLES / "ring_allgather_8.rccl", "-o", "/proc/self/mem")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "cannot write '/proc/self/mem': cannot create a temporary file in '/proc/self'" in r.stderr, r.stderr
+
+
 COMMANDS = {
     "xml": ["xml", EXAMPLES / "ring_allgather_8.rccl", "-o"],
     "synth": ["synth", EXAMPLES / "clusters" / "v100_4_8.topo", "--collective", "allgather", "-o"],

@@ -365,12 +365,16 @@ def write_text_atomically(path: str | Path, text: str, inputs=()) -> None:
     none of ``inputs`` (:func:`check_output_file`). Failures are CompileErrors for the user."""
     path = check_output_file(path, inputs)
     clean_stale_siblings(path, kinds=("tmp",))
+    # each step's failure names the step: a file system that takes no new file beside the output
+    # (/proc) fails at the temporary file, not at the output, which may well exist
+    step = f"cannot create a temporary file in '{_show(path.parent)}' (hccc writes the new file there, then renames it)"
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     except OSError as exc:
-        raise _refuse(f"cannot write '{_show(path)}': {exc.strerror or exc}") from None
+        raise _refuse(f"cannot write '{_show(path)}': {step}: {exc.strerror or exc}") from None
     try:
         _lock(fd)
+        step = f"cannot write the temporary file '{_show(tmp)}'"
         with os.fdopen(os.dup(fd), "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
             f.flush()
@@ -379,7 +383,9 @@ def write_text_atomically(path: str | Path, text: str, inputs=()) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
         check_output_file(path)        # the target may have changed meanwhile
+        step = f"cannot rename the temporary file '{_show(tmp)}' over it"
         os.replace(tmp, path)
+        step = f"cannot sync directory '{_show(path.parent)}'"
         sync_parent(path)
     except BaseException as exc:
         try:
@@ -387,7 +393,7 @@ def write_text_atomically(path: str | Path, text: str, inputs=()) -> None:
         except OSError:
             pass
         if isinstance(exc, OSError):
-            raise _refuse(f"cannot write '{_show(path)}': {exc.strerror or exc}") from None
+            raise _refuse(f"cannot write '{_show(path)}': {step}: {exc.strerror or exc}") from None
         raise
     finally:
         os.close(fd)

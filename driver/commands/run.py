@@ -72,7 +72,7 @@ from hccc.util.limits import printable
 from hccc.util.plural import plural
 from hccc.util import dtypes as dtypes_table
 from hccc.sweep import (GROUP, add_nccl_long_names, add_nccl_noop_options, add_rank_options, add_sweep_options, avg_busbw_line,
-                        instance_combos, noop_notes, placements, ranks_error, say_notes, redop_column, root_column, shift_field,
+                        instance_combos, noop_notes, placements, ranks_error, say_notes, redop_column, root_column, shift_field, sizes_error,
                         sweep_is_default, sweep_sizes, table_header, table_left)
 
 SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element"
@@ -459,7 +459,7 @@ def run(args) -> int:
         sys.stderr.write("hccc run: error: --resident-blocks needs --backend cpu\n")
         return 2
     combos, left_out = instance_combos(args.dtype, args.op)
-    why = _sizes_error(sweep_sizes(args), [dtype for dtype, _ in combos])
+    why = sizes_error(sweep_sizes(args), [dtype for dtype, _ in combos])
     if why:     # before any table runs: -d all once ran four tables, then stopped at int64
         sys.stderr.write(f"hccc run: error: {why}\n")
         return 2
@@ -472,18 +472,6 @@ def run(args) -> int:
         if status not in (0, 1):
             break
     return status
-
-
-def _sizes_error(sweep, dtypes) -> str | None:
-    """Why a size of the sweep cannot run for one of ``dtypes`` (not a whole number of its
-    elements), or None."""
-    from hccc.runtime.launcher import ELEMENT_BYTES
-    for dtype in dict.fromkeys(dtypes):
-        es = ELEMENT_BYTES[dtype]
-        bad = [b for b in sweep.sizes if b % es]
-        if bad:
-            return f"size {bad[0]} is not a whole number of {dtype} elements ({es} bytes each)"
-    return None
 
 
 def _run_one(args) -> int:
@@ -558,7 +546,7 @@ def _plan(args):
 
     sweep = sweep_sizes(args)
     es = ELEMENT_BYTES[args.dtype]
-    why = _sizes_error(sweep, [args.dtype])
+    why = sizes_error(sweep, [args.dtype])
     if why:
         sys.stderr.write(f"hccc run: error: {why}\n")
         return 2

@@ -56,7 +56,7 @@ from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
 from hccc.util.plural import plural
 from hccc.progress import Progress
 from hccc.sweep import (add_nccl_long_names, add_nccl_noop_options, add_rank_options, add_sweep_options, avg_busbw_line, instance_combos,
-                        noop_notes, ranks_error, redop_column, say_notes, root_column, shift_field,
+                        noop_notes, ranks_error, redop_column, say_notes, root_column, shift_field, sizes_error,
                         sweep_is_default, sweep_sizes, table_header, table_left)
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.util.limits import printable
@@ -106,7 +106,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("-d", "--dtype", type=dtype_list(tuple(DTYPE_BYTES)), default="float32",
                    metavar="|".join(nccl_type_name(d) for d in DTYPE_BYTES) + "|all",
                    help="element type, nccl-tests' -d: its names (float, half, ...) or hccc's (float32, ...), "
-                        "a comma list, or all (a table each); sizes are rounded down to whole elements")
+                        "a comma list, or all (a table each); every size a whole number of elements")
     p.add_argument("-o", "--op", type=op_list(OPS, "sim"), default="sum", metavar="|".join(OPS) + "|all",
                    help="reduction operator shown in the redop column, nccl-tests' -o: one, a comma list or "
                         "all, a table each (the model's cost does not depend on it); the plots have options "
@@ -334,6 +334,10 @@ def run(args) -> int:
                          "give one -d and one -o with them\n")
         return 2
     combos, left_out = instance_combos(dtypes, ops)
+    why = sizes_error(sweep_sizes(args), [dtype for dtype, _ in combos])
+    if why:     # as hccc run refuses it: a size below one element printed a time for count 0
+        sys.stderr.write(f"hccc sim: error: {why}\n")
+        return 2
     say_notes("sim", noop_notes(args, "sim", model=True) + ([left_out] if left_out else []), json_mode=args.json)
     status = 0
     for dtype, op in combos:
