@@ -1,5 +1,6 @@
-"""The plan checker's work is near-linear in the plan's channels, and a plan declaring sizes that
-would take gigabytes is refused from those sizes, before anything is allocated."""
+"""The plan checker's work is near-linear in the plan's channels, a run of nops costs it little (and
+imports as one nop), its rows are columns, and a plan declaring sizes that would take gigabytes is
+refused from those sizes, before anything is allocated."""
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.mscclpp_import import import_plan_text
@@ -135,3 +137,67 @@ def test_twenty_thousand_empty_gpus_are_refused_from_their_sizes():
 def test_the_slot_limit_admits_a_thousand_gpu_allgather():
     from hccc.compiler.interop.mscclpp_plan import MAX_PLAN_SLOTS
     assert 1024 * (1 + 1024 + 1024) <= MAX_PLAN_SLOTS
+
+
+def _with_nops(plan: dict, n: int) -> dict:
+    """``plan`` with ``n`` more plain nops before rank 0's first thread block's operations."""
+    out = json.loads(json.dumps(plan))
+    out["gpus"][0]["threadblocks"][0]["ops"][:0] = [{"name": "nop"}] * n
+    return out
+
+
+def test_a_plans_nops_cost_little_work():
+    """A run of plain nops is read as one: 3 M of them (51 MB, under the input cap) ran past 60 s at
+    236 Python lines a nop; the work a nop adds is now the JSON hook's and two scans' (21 lines)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from mscclpp_switch_plans import plan_switch_allreduce
+    plan = plan_switch_allreduce(R=2)
+    w = [_work(json.dumps(_with_nops(plan, n))) for n in (0, 5_000)]
+    assert (w[1] - w[0]) / 5_000 < 30, w
+
+
+def _dup_nops(obj, draw):
+    """``obj`` (a plan, or part of one) with every plain nop in a list of operations made a run of
+    1 to 4 of them."""
+    if isinstance(obj, dict):
+        return {k: _dup_nops(v, draw) for k, v in obj.items()}
+    if isinstance(obj, list):
+        out = []
+        for x in obj:
+            out.extend([x] * draw() if x == {"name": "nop"} else [_dup_nops(x, draw)])
+        return out
+    return obj
+
+
+@given(data=st.data())
+@settings(max_examples=20, deadline=None)
+def test_runs_of_nops_import_as_the_plan_with_one(data):
+    """The oracle: the same plan with one nop where it has a run (what the executor's threads do
+    is the same, a nop being a __syncthreads()); the program imported is the same, every column,
+    every dependency, every statistic."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from mscclpp_plans import corpus
+    text = data.draw(st.sampled_from(corpus()), label="plan")
+    plan = json.loads(text)
+    more = _dup_nops(plan, lambda: data.draw(st.integers(1, 4), label="nops"))
+    assert import_plan_text(json.dumps(more), "more.json").to_json() == import_plan_text(text, "p.json").to_json()
+
+
+def test_a_row_table_keeps_its_operations_once_and_says_what_each_row_does():
+    """Rows as columns: one (path, description) per operation, a row's message written when asked
+    for (the peer from the row's own columns), the channel of a put set after the fact."""
+    from hccc.compiler.interop.mscclpp_rows import RowTable
+    from hccc.compiler.ir.program_ir import Buf, Op
+    t = RowTable()
+    p, desc = ("gpus", 1, "threadblocks", 0, "ops", 3), "rank 1 thread block 0 operation 3 (put)"
+    a = t.add(1, 0, Op.SEND, p, desc, sp=2, ch=-1, sb=Buf.INPUT, so=4, n=2, note=1)
+    b = t.add(1, 0, Op.RECV, p, desc, rp=3, ch=7, db=Buf.OUTPUT, do=1, note=2)
+    q, d2 = ("gpus", 1, "threadblocks", 0, "ops", 4), "rank 1 thread block 0 operation 4 (copy)"
+    c = t.add(1, 0, Op.COPY, q, d2, sb=Buf.INPUT, db=Buf.OUTPUT)
+    t.set_channel(a, 5)
+    assert (a, b, c, len(t), len(t.ops)) == (0, 1, 2, 3, 2)
+    assert [t.describe(i) for i in range(3)] == [desc + " sending to rank 2", desc + " receiving from rank 3", d2]
+    assert [t.path(i) for i in range(3)] == [p, p, q]
+    assert t.array().tolist() == [[1, 0, int(Op.SEND), 2, -1, 5, int(Buf.INPUT), 4, int(Buf.NONE), 0, 2],
+                                  [1, 0, int(Op.RECV), -1, 3, 7, int(Buf.NONE), 0, int(Buf.OUTPUT), 1, 1],
+                                  [1, 0, int(Op.COPY), -1, -1, 0, int(Buf.INPUT), 0, int(Buf.OUTPUT), 0, 1]]
