@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
+from dataclasses import dataclass, replace
 
 from hccc.compiler.interop.mscclpp_blocks import PlanBlocks
 from hccc.compiler.interop.mscclpp_layout import PlanLayout
@@ -27,6 +28,51 @@ from hccc.compiler.ir.program_ir import Buf
 
 #: operations that read packets from the rank's own scratch (which sources: from this one on)
 PACKET_READS = {"upkt": 0, "repkt": 1, "respkt": 1, "recpkt": 1, "recspkt": 1, "rppkt": 0}
+
+
+@dataclass(slots=True, eq=False)
+class Write:
+    """Data a thread block writes into a peer's buffer (a put's or a packet operation's send:
+    ``peer``, the source ``sb``/``so``, ``n`` chunks, the destination ``dst`` = (buffer, index,
+    n)), or packets it writes into its own scratch (``local``). What the passes after find is set
+    on it: the connection it is announced on (``key``), its channel, its row, its packet readers.
+    A record per write with slots (a plan's hundreds of thousands of them took a dict each);
+    compared by identity."""
+    rank: int
+    tb: int
+    path: tuple
+    pos: int = -1
+    sb: int = 0
+    so: int = 0
+    n: int = 0
+    peer: int = -1
+    dst: tuple = ()
+    local: bool = False
+    key: tuple | None = None          # the connection it is announced on (a signal's, a barrier's)
+    channel: int | None = None        # set where its receive is placed
+    row: int | None = None            # its SEND row
+    readers: int = 1                  # packets: the operations reading the region (1 unless counted)
+    received: bool = False            # packets: received already (by the first reader)
+    pk_row: int | None = None         # packets: the row that puts them in place
+    tb_in: int | None = None          # packets: the block that received them
+
+
+@dataclass(slots=True, eq=False)
+class Read:
+    """A read of a peer's buffer (``get``, the remote inputs of ``rre``/``rres``): the reader's
+    block and position, the ``peer`` read, the reader's latest ``wait`` towards it (type,
+    channel, k), the region read (``src``), the operand ``j``; its channel and SEND row (on the
+    peer) set by the passes after."""
+    rank: int
+    tb: int
+    pos: int
+    peer: int
+    wait: tuple
+    src: tuple
+    path: tuple
+    j: int
+    channel: int | None = None
+    send_row: int | None = None
 
 
 class Connections:
@@ -57,8 +103,8 @@ def trace_data(rd: PlanReader, layout: PlanLayout, blocks: PlanBlocks, conns: Co
     announce_across_barriers(flow.pending, flow.mem_signals, flow.bar_pass, flow.bar_members)
     for key, lst in flow.pending.items():
         if lst:
-            raise rd.err(lst[0]["path"], f"rank {key[0]} puts into rank {lst[0]['peer']} without a signal "
-                                         f"after it: the peer cannot know when the data is there")
+            raise rd.err(lst[0].path, f"rank {key[0]} puts into rank {lst[0].peer} without a signal "
+                                      f"after it: the peer cannot know when the data is there")
     flow.attach_reads(conns)
     return flow
 
@@ -133,7 +179,7 @@ class DataFlow:
         peer = self.chans[r][t][c]
         sent = self.pending.pop((r, ti, peer) if t == "memory" else (r, ti, peer, c), [])
         for s in sent:
-            s["key"] = ("put", r, peer, t, c)
+            s.key = ("put", r, peer, t, c)
         self.groups[(r, t, c)].append(sent)
         self.sig_tb[(r, t, c)].append(ti)
 
@@ -179,8 +225,7 @@ class DataFlow:
         else:
             _, sb, so, sn = region(op, dsts[0], p + ("dst_buff", 0), r)
         c = self.channel_to(r, t, ids, j - first_remote, peer, p, ti)
-        send = {"rank": r, "tb": ti, "pos": pos, "sb": sb, "so": so, "n": n, "peer": peer,
-                "dst": (buf, idx, n), "path": p}
+        send = Write(r, ti, p, pos=pos, sb=sb, so=so, n=n, peer=peer, dst=(buf, idx, n))
         self.emit_at[(r, ti, pos)].append(("send", send))
         if name in ("ppkt", "respkt", "recspkt", "rppkt"):
             if t != "memory" and name not in ("rppkt", "ppkt"):
@@ -226,7 +271,7 @@ class DataFlow:
         if name in ("cpkt", "recpkt", "recspkt"):
             k = 0 if name == "cpkt" else 1
             _, _, idx, n = region(op, op.dst[k], p + ("dst_buff", k), r)
-            w = {"rank": r, "local": True, "path": p, "tb": ti}
+            w = Write(r, ti, p, local=True)
             self.local_pk[r].append((idx, n, w))
             self.local_pk_by[(r, ti, pos)] = w
         if name in ("get", "rre", "rres"):
@@ -240,25 +285,24 @@ class DataFlow:
                 if w is None:
                     raise rd.err(p, f"rank {r} reads rank {peer}'s buffer without first waiting for a "
                                     f"signal from it in this thread block")
-                self.reads.append({"rank": r, "tb": ti, "pos": pos, "peer": peer, "wait": w, "src": (buf, idx, n),
-                                   "path": p, "j": j})
+                self.reads.append(Read(r, ti, pos, peer, w, (buf, idx, n), p, j))
 
     def attach_reads(self, conns: Connections):
         """The signal a read belongs to: the peer's k-th signal on the partner channel."""
         rd = self.rd
         for x in self.reads:
-            self.reads_at[(x["rank"], x["tb"], x["pos"])].append(x)
+            self.reads_at[(x.rank, x.tb, x.pos)].append(x)
         for rd_ in self.reads:
-            t, c, k = rd_["wait"]
-            partner = self.layout.pair.get((rd_["rank"], t, c))
+            t, c, k = rd_.wait
+            partner = self.layout.pair.get((rd_.rank, t, c))
             if partner is None:
-                raise rd.err(rd_["path"], "the channel of the wait before this read has no partner")
-            sigs = self.sig_tb.get((rd_["peer"], t, partner[0]), [])
+                raise rd.err(rd_.path, "the channel of the wait before this read has no partner")
+            sigs = self.sig_tb.get((rd_.peer, t, partner[0]), [])
             if k >= len(sigs):
-                raise rd.err(rd_["path"], f"rank {rd_['rank']} reads rank {rd_['peer']}'s buffer after a wait "
-                                          f"rank {rd_['peer']} never signals")
-            rd_["channel"] = conns.number(("read", rd_["peer"], rd_["rank"], t, partner[0], sigs[k], rd_["tb"]))
-            self.sig_reads[(rd_["peer"], t, partner[0], k)].append(rd_)
+                raise rd.err(rd_.path, f"rank {rd_.rank} reads rank {rd_.peer}'s buffer after a wait "
+                                       f"rank {rd_.peer} never signals")
+            rd_.channel = conns.number(("read", rd_.peer, rd_.rank, t, partner[0], sigs[k], rd_.tb))
+            self.sig_reads[(rd_.peer, t, partner[0], k)].append(rd_)
 
 
 def cut_packet_writes(rd: PlanReader, packet_writes: dict, packet_reads: dict, local_pk: dict, emit_at: dict) -> None:
@@ -276,18 +320,18 @@ def cut_packet_writes(rd: PlanReader, packet_writes: dict, packet_reads: dict, l
                 continue
             pieces = []
             for a, b in zip(bounds, bounds[1:]):
-                piece = dict(send, so=send["so"] + (a - lo), n=b - a, dst=(send["dst"][0], a, b - a))
+                piece = replace(send, so=send.so + (a - lo), n=b - a, dst=(send.dst[0], a, b - a))
                 pieces.append(piece)
                 parts.append((a, b - a, piece))
-            at = emit_at[(send["rank"], send["tb"], send["pos"])]
+            at = emit_at[(send.rank, send.tb, send.pos)]
             k = next(i for i, e in enumerate(at) if e[1] is send)
             at[k:k + 1] = [("send", x) for x in pieces]
         parts += local_pk.pop(peer, [])
         parts.sort(key=lambda x: x[0])
         for (a, n, s1), (b, _, s2) in zip(parts, parts[1:]):
             if b < a + n:
-                raise rd.err(s2["path"], f"rank {s2['rank']} puts packets into rank {peer}'s scratch where rank "
-                                         f"{s1['rank']} puts packets too: which one a read sees is not fixed")
+                raise rd.err(s2.path, f"rank {s2.rank} puts packets into rank {peer}'s scratch where rank "
+                                      f"{s1.rank} puts packets too: which one a read sees is not fixed")
         packet_writes[peer] = parts
     for peer, parts in local_pk.items():
         packet_writes[peer] = sorted(parts, key=lambda x: x[0])
@@ -304,12 +348,12 @@ def count_packet_readers(packet_writes: dict, pk_readers: dict) -> dict:
         los = [lo for lo, _, _ in parts]
         pk_los[peer] = los
         for _, _, w in parts:
-            w["readers"] = 0
+            w.readers = 0
         for a, b in pk_readers.get(peer, []):
             for k in range(bisect_left(los, a), bisect_left(los, b)):
                 lo, n, w = parts[k]
                 if lo + n <= b:
-                    w["readers"] += 1
+                    w.readers += 1
     return pk_los
 
 
@@ -324,7 +368,7 @@ def announce_across_barriers(pending, mem_signals, bar_pass, bar_members):
         r, ti, peer = key
         left = []
         for snd in pending[key]:
-            after = [(pos, bk) for pos, bk in bar_pass.get((r, ti), []) if pos > snd["pos"]]
+            after = [(pos, bk) for pos, bk in bar_pass.get((r, ti), []) if pos > snd.pos]
             if not after:
                 left.append(snd)
                 continue
@@ -341,10 +385,10 @@ def announce_across_barriers(pending, mem_signals, bar_pass, bar_members):
                 left.append(snd)
                 continue
             _, _, c, group = found[0]
-            snd["key"] = ("put", r, peer, "memory", c)
+            snd.key = ("put", r, peer, "memory", c)
             group.append(snd)
         pending[key] = left
 
 
-__all__ = ["Connections", "DataFlow", "PACKET_READS", "trace_data", "cut_packet_writes", "count_packet_readers",
+__all__ = ["Connections", "DataFlow", "PACKET_READS", "Read", "Write", "trace_data", "cut_packet_writes", "count_packet_readers",
            "announce_across_barriers"]

@@ -72,9 +72,9 @@ class SyncOrder:
                     if tj != ti:
                         deps.append((depart, arrive))
         for row, w in pk_deps:
-            if w.get("pk_row") is None:
-                raise rd.err(w["path"], "packets read before anything writes them")
-            deps.append((row, w["pk_row"]))
+            if w.pk_row is None:
+                raise rd.err(w.path, "packets read before anything writes them")
+            deps.append((row, w.pk_row))
         return deps
 
 

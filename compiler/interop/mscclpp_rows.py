@@ -110,10 +110,10 @@ def _set_put_channels(rd: PlanReader, blocks: PlanBlocks, flow: DataFlow, table:
         for pos, (p, op) in enumerate(ops):
             for kind, s in flow.emit_at.get((r, ti, pos), []):
                 if kind == "send":
-                    if "channel" not in s:
-                        raise rd.err(s["path"], f"rank {r} sends to rank {s['peer']}, but rank {s['peer']} "
+                    if s.channel is None:
+                        raise rd.err(s.path, f"rank {r} sends to rank {s.peer}, but rank {s.peer} "
                                                 f"never receives it (no matching wait or packet read)")
-                    table.set_channel(s["row"], s["channel"])
+                    table.set_channel(s.row, s.channel)
 
 
 class RowBuilder:
@@ -139,8 +139,8 @@ class RowBuilder:
         for kind, what in self.flow.emit_at.get((r, ti, pos), []):
             if kind == "send":
                 s = what
-                s["row"] = self.add(r, ti, Op.SEND, p, desc, sp=s["peer"], note=SENDING,
-                                    ch=-1, sb=s["sb"], so=s["so"], n=s["n"])
+                s.row = self.add(r, ti, Op.SEND, p, desc, sp=s.peer, note=SENDING,
+                                 ch=-1, sb=s.sb, so=s.so, n=s.n)
         self.order.note(self.add, r, ti, p, op, desc)
 
     def receives_at_wait(self, r, ti, pos, p, desc):
@@ -157,9 +157,9 @@ class RowBuilder:
                 grp = self.flow.groups.get((peer, t, partner[0]), [])
                 if k < len(grp):
                     for s in grp[k]:
-                        b, i, n = s["dst"]
-                        ch = self.conns.number(s["key"] + (s["tb"], ti))
-                        s["channel"] = ch
+                        b, i, n = s.dst
+                        ch = self.conns.number(s.key + (s.tb, ti))
+                        s.channel = ch
                         self.add(r, ti, Op.RECV, p, desc, rp=peer, ch=ch, note=RECEIVING,
                                  db=b, do=i, n=n)
 
@@ -170,9 +170,9 @@ class RowBuilder:
             k = self.nsig[(r, t, c)]
             self.nsig[(r, t, c)] += 1
             for rr in self.flow.sig_reads.get((r, t, c, k), []):
-                b, i, n = rr["src"]
-                rr["send_row"] = self.add(r, ti, Op.SEND, p, desc, note=SENDING,
-                                          sp=rr["rank"], ch=rr["channel"], sb=b, so=i, n=n)
+                b, i, n = rr.src
+                rr.send_row = self.add(r, ti, Op.SEND, p, desc, note=SENDING,
+                                       sp=rr.rank, ch=rr.channel, sb=b, so=i, n=n)
 
     def local(self, r, ti, pos, p, op, desc):
         """Local data operations, remote reads and packet reads of one operation."""
@@ -196,9 +196,9 @@ class RowBuilder:
         if name == "cpkt":
             sr = ref(op, op.src[0], p + ("src_buff", 0), r)
             q = ref(op, op.dst[0], p + ("dst_buff", 0), r)
-            self.flow.local_pk_by[(r, ti, pos)]["pk_row"] = self.add(r, ti, Op.COPY, p, desc, sb=sr[1], so=sr[2],
-                                                                     db=Buf.SCRATCH, do=self.layout.PK + q[2],
-                                                                     n=sr[3])
+            self.flow.local_pk_by[(r, ti, pos)].pk_row = self.add(r, ti, Op.COPY, p, desc, sb=sr[1], so=sr[2],
+                                                                  db=Buf.SCRATCH, do=self.layout.PK + q[2],
+                                                                  n=sr[3])
             return
         if name == "ppkt" and op.t == "port":
             name = "rppkt"            # packets of its own scratch, put as they are
@@ -211,16 +211,16 @@ class RowBuilder:
         mine = self.flow.reads_at.get((r, ti, pos), [])
         if op.name == "get":
             for x in mine:
-                d = ref(op, op.dst[x["j"]], p + ("dst_buff", x["j"]), r)
-                self.add(r, ti, Op.RECV, p, desc, rp=x["peer"], ch=x["channel"], note=READING,
+                d = ref(op, op.dst[x.j], p + ("dst_buff", x.j), r)
+                self.add(r, ti, Op.RECV, p, desc, rp=x.peer, ch=x.channel, note=READING,
                          db=d[1], do=d[2], n=d[3])
             return
         s0 = ref(op, op.src[0], p + ("src_buff", 0), r)
         d = ref(op, op.dst[0], p + ("dst_buff", 0), r)
         acc = s0
         for x in mine:
-            self.add(r, ti, Op.RECV_REDUCE_COPY, p, desc, rp=x["peer"], note=READING,
-                     ch=x["channel"], sb=acc[1], so=acc[2], db=d[1], do=d[2], n=d[3])
+            self.add(r, ti, Op.RECV_REDUCE_COPY, p, desc, rp=x.peer, note=READING,
+                     ch=x.channel, sb=acc[1], so=acc[2], db=d[1], do=d[2], n=d[3])
             acc = d
 
     def packet_reads(self, r, ti, pos, p, op, desc, name):
@@ -240,8 +240,8 @@ class RowBuilder:
                 acc = d
         if name in ("recpkt", "recspkt"):
             q = ref(op, op.dst[1], p + ("dst_buff", 1), r)
-            self.flow.local_pk_by[(r, ti, pos)]["pk_row"] = self.add(r, ti, Op.COPY, p, desc, sb=d[1], so=d[2],
-                                                                     db=Buf.SCRATCH, do=PK + q[2], n=d[3])
+            self.flow.local_pk_by[(r, ti, pos)].pk_row = self.add(r, ti, Op.COPY, p, desc, sb=d[1], so=d[2],
+                                                                  db=Buf.SCRATCH, do=PK + q[2], n=d[3])
 
     def packet_pieces(self, r, q, path):
         """The packet writes that make up region ``q`` of rank ``r``'s packet scratch, in order;
@@ -256,7 +256,7 @@ class RowBuilder:
                 continue
             if lo >= q[2] and lo + n <= end:
                 pieces.append((lo, n, s))
-            elif s.get("local"):
+            elif s.local:
                 # part of packets this rank wrote itself (a thread-block group's share of
                 # them): each packet's own flag makes the read wait for it
                 a, b = max(lo, q[2]), min(lo + n, end)
@@ -275,21 +275,21 @@ class RowBuilder:
         """One packet write ``s`` read at offset ``off`` of the read (its packets in scratch
         ``slot``): received where first read (into its place when one operation reads it), waited
         for where another block wrote it, then copied or reduced into ``d`` (with ``acc``)."""
-        if not s.get("local") and not s.get("received"):
-            s["channel"] = self.conns.number(("pkt", s["rank"], r, id(s)))      # packets: a connection each
-            s["received"] = True
-            if d is not None and s.get("readers", 1) == 1:
+        if not s.local and not s.received:
+            s.channel = self.conns.number(("pkt", s.rank, r, id(s)))      # packets: a connection each
+            s.received = True
+            if d is not None and s.readers == 1:
                 if acc is None:
-                    self.add(r, ti, Op.RECV, p, desc, rp=s["rank"], note=FROM,
-                             ch=s["channel"], db=d[1], do=d[2] + off, n=n)
+                    self.add(r, ti, Op.RECV, p, desc, rp=s.rank, note=FROM,
+                             ch=s.channel, db=d[1], do=d[2] + off, n=n)
                 else:
-                    self.add(r, ti, Op.RECV_REDUCE_COPY, p, desc, rp=s["rank"], note=FROM,
-                             ch=s["channel"], sb=acc[1], so=acc[2] + off, db=d[1], do=d[2] + off, n=n)
+                    self.add(r, ti, Op.RECV_REDUCE_COPY, p, desc, rp=s.rank, note=FROM,
+                             ch=s.channel, sb=acc[1], so=acc[2] + off, db=d[1], do=d[2] + off, n=n)
                 return
-            s["pk_row"] = self.add(r, ti, Op.RECV, p, desc, rp=s["rank"], note=FROM,
-                                   ch=s["channel"], db=Buf.SCRATCH, do=slot, n=n)
-            s["tb_in"] = ti
-        elif s.get("tb_in", s.get("tb") if s.get("local") else None) != ti:
+            s.pk_row = self.add(r, ti, Op.RECV, p, desc, rp=s.rank, note=FROM,
+                                ch=s.channel, db=Buf.SCRATCH, do=slot, n=n)
+            s.tb_in = ti
+        elif (s.tb_in if s.tb_in is not None else s.tb if s.local else None) != ti:
             # packets another block wrote here: their flags make this read wait for them
             self.pk_deps.append((self.add(r, ti, Op.NOP, p, desc), s))
         if d is None:
