@@ -93,7 +93,14 @@ def import_plan_obj(plan: dict, src: SourceFile) -> ProgramIR:
     conns = Connections()
     flow = trace_data(rd, layout, blocks, conns)
     table, deps = write_rows(rd, layout, blocks, flow, conns, gpus)
+    del flow, conns
     ir, order = _program(plan, layout, blocks, table, deps)
+    # the proof needs the program and the rows' messages only: what found them is let go before it
+    # (a record per operation and transfer, as much again as the proof at half a million
+    # transfers), the blocks kept only to explain a race of a thread-block group's parts
+    del deps
+    if layout.F == 1:
+        blocks = None
     return _checked(rd, layout, blocks, table, ir, order)
 
 
@@ -159,7 +166,7 @@ def _program(plan: dict, layout: PlanLayout, blocks: PlanBlocks, table: RowTable
     return ir, np.lexsort((seq, tb, rank))
 
 
-def _checked(rd: PlanReader, layout: PlanLayout, blocks: PlanBlocks, table: RowTable, ir: ProgramIR,
+def _checked(rd: PlanReader, layout: PlanLayout, blocks: PlanBlocks | None, table: RowTable, ir: ProgramIR,
              order) -> ProgramIR:
     """``ir`` checked like an imported XML (structure, deadlock freedom, the collective's
     postcondition, every access in bounds), each refusal located at its operation (a race on bytes
