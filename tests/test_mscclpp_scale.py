@@ -201,3 +201,30 @@ def test_a_row_table_keeps_its_operations_once_and_says_what_each_row_does():
     assert t.array().tolist() == [[1, 0, int(Op.SEND), 2, -1, 5, int(Buf.INPUT), 4, int(Buf.NONE), 0, 2],
                                   [1, 0, int(Op.RECV), -1, 3, 7, int(Buf.NONE), 0, int(Buf.OUTPUT), 1, 1],
                                   [1, 0, int(Op.COPY), -1, -1, 0, int(Buf.INPUT), 0, int(Buf.OUTPUT), 0, 1]]
+
+
+#: traced bytes the import (JSON, reading, proof) may hold at its peak per transfer of a switch
+#: plan: measured 1,350 to 1,460 (16 ranks, 2,400 to 28,800 transfers); 2,540 before the rows were
+#: columns and the first pass's records slotted and let go before the proof (a 3.7 MB plan of
+#: 576,000 transfers then peaked at 1.71 GB in hccc check, 0.94 GB after)
+IMPORT_BYTES_PER_TRANSFER = 1_700
+
+
+def test_the_imports_memory_is_bounded_per_transfer():
+    """The peak of the import's Python and numpy allocations over its transfers, for a switch
+    AllReduce on 16 ranks whose ``glres`` operations become 30 transfers each."""
+    import tracemalloc
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from mscclpp_switch_plans import plan_switch_allreduce
+    k = 10
+    text = json.dumps(plan_switch_allreduce(R=16, k=k, cuts=range(16 * k)))
+    import_plan_text(text, "warm.json")          # modules and caches loaded outside the measure
+    tracemalloc.start()
+    try:
+        ir = import_plan_text(text, "w.json")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    n = int(ir.stats["transfers"])
+    assert n == 16 * k * 30
+    assert peak < IMPORT_BYTES_PER_TRANSFER * n, (peak, n, peak / n)
