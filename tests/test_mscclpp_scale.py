@@ -228,3 +228,34 @@ def test_the_imports_memory_is_bounded_per_transfer():
     n = int(ir.stats["transfers"])
     assert n == 16 * k * 30
     assert peak < IMPORT_BYTES_PER_TRANSFER * n, (peak, n, peak / n)
+
+
+def test_a_plan_past_the_work_budget_is_refused_where_it_passes_it(tmp_path, monkeypatch, capsys):
+    """Operations are counted as they are read, one each and one per buffer each names, a switch
+    operation as the memory-channel operation it becomes (``glres`` on R ranks: an ``rres`` naming
+    the R - 1 peers' buffers twice and its own), a run of nops as one: the plan is refused at the
+    operation that passes MAX_PLAN_WORK (located, exit 1, no traceback); one at the budget is read."""
+    import hccc.compiler.interop.mscclpp_blocks as blocks
+    from hccc.cli import main
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from mscclpp_switch_plans import plan_switch_allreduce
+    R = 4
+    plan = _with_nops(plan_switch_allreduce(R=R), 1000)
+    total = 0
+    for g in plan["gpus"]:
+        prev = None
+        for o in g["threadblocks"][0]["ops"]:
+            if not (o == {"name": "nop"} and prev == o):
+                # glres: one operation reading its own and R - 1 peers' copies, writing R - 1 peers'
+                total += 1 + (1 + 2 * (R - 1) + 1 if o.get("name") == "glres" else 0)
+            prev = o
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(plan, indent=1))
+    monkeypatch.setattr(blocks, "MAX_PLAN_WORK", total)
+    assert main(["check", str(path)]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(blocks, "MAX_PLAN_WORK", total - 1)
+    assert main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"error: the plan's operations and the buffers they name pass {total - 1:,} (MAX_PLAN_WORK" in err, err
+    assert err.startswith(f"{path}:") and "Traceback" not in err

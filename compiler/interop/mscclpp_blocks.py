@@ -7,9 +7,9 @@ pipeline (it runs once over the whole ranges); switch (NVLS) operations are rewr
 memory-channel operations that do the same (:mod:`hccc.compiler.interop.mscclpp_switch`). A channel
 end several blocks use must be handed from one to the next by a semaphore chain.
 
-A run of plain ``nop``\ s (``{"name": "nop"}``, one after another in one list of operations) is read
+A run of plain ``nop``\\ s (``{"name": "nop"}``, one after another in one list of operations) is read
 as its first: a ``nop`` is the block's ``__syncthreads()``, and a second one right after it orders
-nothing more. So a plan's ``nop``\ s cost the reader one comparison each and the later phases
+nothing more. So a plan's ``nop``\\ s cost the reader one comparison each and the later phases
 nothing (a plan of millions of them is read in seconds; the positions the messages name,
 ``operation k``, count the run as one operation).
 """
@@ -22,28 +22,13 @@ from hccc.compiler.interop.mscclpp_layout import PlanLayout
 from hccc.compiler.interop.mscclpp_locate import PlanReader
 from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
 from hccc.compiler.interop.mscclpp_ops import NOP, BlockOp, PlanOp
-from hccc.compiler.interop.mscclpp_plan import EXECUTOR_COMMIT, OP_NAMES, PACKET_HANDLER_LINES, PACKET_OPS
+from hccc.compiler.interop.mscclpp_plan import (EXECUTOR_COMMIT, MAX_PLAN_WORK, OP_NAMES, PACKET_HANDLER_LINES,
+                                                PACKET_OPS)
 from hccc.compiler.interop.mscclpp_switch import SWITCH_OPS
 
 def _plain_nop(op) -> bool:
     """Whether an operation object is a ``nop`` with no other field (read without checks)."""
     return isinstance(op, dict) and len(op) == 1 and op.get("name") == "nop"
-
-
-def _read_list(objs, base: tuple, read) -> list:
-    """``read(path, object)`` of each operation object of the list ``objs`` at ``base`` (each a
-    list of ``(path, PlanOp, table)``), a run of plain ``nop``\ s read as its first."""
-    out: list = []
-    after_nop = False
-    for k, o in enumerate(objs):
-        if _plain_nop(o):
-            if not after_nop:
-                out.append((base + (k,), NOP, None))
-            after_nop = True
-            continue
-        after_nop = False
-        out.extend(read(base + (k,), o))
-    return out
 
 
 #: operations that count on a channel end (signals raise the partner's count, waits consume)
@@ -80,6 +65,7 @@ class _BlockReader:
         self.owner: dict = {}             # (rank, type, channel, waits) -> [(tb, path)] using that channel end
         self.chain_in: dict = {}          # (rank, semaphore) -> the block starting by acquiring it
         self.chain_out: dict = {}         # (rank, tb) -> the semaphores the block ends by releasing
+        self.work = 0                     # operations and buffers they name so far (MAX_PLAN_WORK)
 
     def check_shared_ends(self) -> None:
         """A channel end used by several thread blocks: they must run one after the other (each
@@ -104,13 +90,42 @@ class _BlockReader:
             return name
         return PlanOp.from_dict(op, p, rd.err, len(self.sem_init[r]))
 
+    def read_list(self, objs, base: tuple, read) -> list:
+        """``read(path, object)`` of each operation object of the list ``objs`` at ``base`` (each a
+        list of ``(path, PlanOp, table)``), a run of plain ``nop``\\ s read as its first."""
+        out: list = []
+        after_nop = False
+        for k, o in enumerate(objs):
+            if _plain_nop(o):
+                if not after_nop:
+                    out.extend(self.counted(base + (k,), [(base + (k,), NOP, None)]))
+                after_nop = True
+                continue
+            after_nop = False
+            out.extend(read(base + (k,), o))
+        return out
+
+    def counted(self, p, ops: list) -> list:
+        """``ops``, read at ``p``, counted against :data:`MAX_PLAN_WORK`: one each and one per
+        buffer each names."""
+        self.work += sum(1 + len(op.src or ()) + len(op.dst or ()) for _, op, _ in ops)
+        if self.work > MAX_PLAN_WORK:
+            raise self.rd.err(p, f"the plan's operations and the buffers they name pass {MAX_PLAN_WORK:,} "
+                                 "(MAX_PLAN_WORK: an operation counts one and one per buffer it names, a switch "
+                                 "operation as the memory-channel operation it becomes, which names every member's "
+                                 "buffer, a run of nops as one): more than hccc checks a plan with "
+                                 "(docs/files-and-limits.md)")
+        return ops
+
     def expand(self, r, o, p, tb_switch):
         """One operation as ``[(path, PlanOp, remote-buffer table or None)]``: a switch operation
         as the memory-channel operations it is rewritten into (with their own table)."""
         parsed = self.operation(r, o, p)
         if parsed in SWITCH_OPS:
-            return [(p, x, table) for x, table in self.layout.switch.expand(r, o, p, tb_switch, self.layout.rbufs[r])]
-        return [(p, parsed, None)]
+            out = [(p, x, table) for x, table in self.layout.switch.expand(r, o, p, tb_switch, self.layout.rbufs[r])]
+        else:
+            out = [(p, parsed, None)]
+        return self.counted(p, out)
 
     def block_ops(self, r, tb, base) -> list[tuple[tuple, PlanOp, dict | None]]:
         """A thread block's operations in order, with their paths (and the remote-buffer table of
@@ -123,7 +138,7 @@ class _BlockReader:
             if isinstance(op, dict) and op.get("name") == "pipeline":
                 return self.pipeline_body(r, op, p, tb_switch)
             return self.expand(r, op, p, tb_switch)
-        return _read_list(self.rd.get(tb, "ops", base, list), base + ("ops",), read)
+        return self.read_list(self.rd.get(tb, "ops", base, list), base + ("ops",), read)
 
     def pipeline_body(self, r, op, p, tb_switch):
         """A pipeline's operations, which must all move the sizes its iterations cut."""
@@ -140,7 +155,7 @@ class _BlockReader:
                              f"{PACKET_HANDLER_LINES} at MSCCL++ {EXECUTOR_COMMIT}), which hccc does not "
                              f"model; move it out of the pipeline")
             return self.expand(r, o, q, tb_switch)
-        inner = _read_list(op["ops"], p + ("ops",), read)
+        inner = self.read_list(op["ops"], p + ("ops",), read)
         sizes = {ref.size for _, o, _ in inner for ref in (o.src or ()) + (o.dst or ())}
         if len(sizes) > 1:
             raise rd.err(p, "a pipeline whose operations move different sizes: its iterations "

@@ -65,6 +65,15 @@ NO_MAX_SIZE = (1 << 64) - 1
 #: (:data:`hccc.compiler.ir.symbolic.MAX_PROOF_SLOTS`, about 2 GB of proof)
 MAX_PLAN_SLOTS = MAX_PROOF_SLOTS
 
+#: the most work the import takes on: every operation it reads counts one, and one more per buffer it
+#: names (every transfer is a remote buffer an operation names), a switch operation counted as the
+#: memory-channel operation it becomes (which names every member's buffer: a 150-byte ``glres`` on
+#: 1,024 ranks names 2,048) and a run of plain nops as one. Counted as they are read, so that the
+#: work stays bounded where the plan's text does not bound it. hccc's own plans fit with room: ring
+#: AllGather plans export 10.2 operations and 14.3 units of this work a transfer (8, 32 and 64 GPUs),
+#: about 15 million for 1,024 GPUs (1,047,552 transfers); the import holds about 1 KB a transfer
+MAX_PLAN_WORK = 1 << 26
+
 #: the most parts the import cuts a chunk into for thread-block groups (the least common multiple
 #: of a plan's ``tbg_size``s; MSCCL++'s DSL writes groups of up to a node's peers or SMs per peer:
 #: 7 and 4 in its installed plans); parts multiply the chunk slots checked against MAX_PLAN_SLOTS
@@ -129,7 +138,7 @@ def looks_like_plan(obj) -> bool:
             and "collective" in obj and "protocol" in obj)
 
 
-__all__ = ["MAX_GROUP_PARTS", "SHARED_SCRATCH_BYTES", "MAX_PLAN_SLOTS", "MAX_OPERATION", "MAX_CHANNEL", "MAX_CHANNEL_PER_OPERATION", "MAX_LOCAL_BUFFER_PER_OPERATION",
+__all__ = ["MAX_GROUP_PARTS", "SHARED_SCRATCH_BYTES", "MAX_PLAN_WORK", "MAX_PLAN_SLOTS", "MAX_OPERATION", "MAX_CHANNEL", "MAX_CHANNEL_PER_OPERATION", "MAX_LOCAL_BUFFER_PER_OPERATION",
            "MAX_DEVICE_SEMAPHORES", "MAX_DEVICE_SYNCERS", "MAX_BYTE_OFFSET", "BUFFER_ALIGNMENT", "MAX_BUFFER_ALIGNMENT",
            "MAX_THREADS_PER_BLOCK", "NO_MAX_SIZE",
            "PROTOCOLS", "COLLECTIVES", "LETTER_OF_BUF", "BUF_OF_LETTER", "CONTROL_OPS", "OP_NAMES",
