@@ -26,6 +26,7 @@ from hccc.compiler.interop.mscclpp_plan import (EXECUTOR_COMMIT, MAX_PLAN_WORK, 
                                                 PACKET_OPS)
 from hccc.compiler.interop.mscclpp_switch import SWITCH_OPS
 
+
 def _plain_nop(op) -> bool:
     """Whether an operation object is a ``nop`` with no other field (read without checks)."""
     return isinstance(op, dict) and len(op) == 1 and op.get("name") == "nop"
