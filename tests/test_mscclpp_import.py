@@ -10,6 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import examples
+from hccc.testing import valid_programs
 
 from mscclpp_interp import check_plan
 from hccc.util.diagnostics import CompileError
@@ -63,6 +67,25 @@ def test_exported_plans_round_trip(name):
             if kw.get("inplace"):
                 continue
             _runs_right(back)
+
+
+@settings(max_examples=examples(12), deadline=None)
+@given(alg=valid_programs(["allgather", "allreduce", "reducescatter", "alltoall"], max_ranks=5),
+       kw=st.sampled_from([dict(), dict(protocol="LL"), dict(instances=2)]), level=st.booleans())
+def test_random_exported_plans_import_to_programs_that_compute_their_collective(alg, kw, level):
+    """The import (rows as columns, the first pass's records, nop runs read as one) on random
+    programs' plans, two runs of nops where the exporter writes one: the program it builds computes
+    the collective on numpy buffers (the oracle: the collective's definition, hccc's reference
+    executor), with the exported program's ranks and chunks."""
+    ir = build_algorithm_level(alg) if level else build_program(alg)
+    plan = json.loads(plan_text(export_plan(ir, **kw)))
+    for g in plan["gpus"]:
+        for tb in g["threadblocks"]:
+            tb["ops"] = [x for op in tb["ops"] for x in ([op, op] if op == {"name": "nop"} else [op])]
+    back = import_plan_text(json.dumps(plan), "random.json")
+    assert (back.collective, back.nranks, back.nchunks) == (ir.collective, ir.nranks,
+                                                            ir.nchunks * kw.get("instances", 1))
+    _runs_right(back)
 
 
 # ------------------------------------------------------------------ hand-written plans
