@@ -393,10 +393,11 @@ def draw(topo: Topology, path: str | Path, scene: Scene | None = None) -> Path:
         _draw_gpus(ax, topo, sc)
     ax.legend(handles=_legend(topo, sc), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=_FONT, frameon=False)
     ax.set_title(sc.title, fontsize=_FONT + 2)
-    out = Path(path)
-    fig.savefig(out, format="png", bbox_inches="tight", metadata={"Software": None})
-    plt.close(fig)
-    return out
+    from hccc.compiler.backend.output_dir import save_figure
+    try:
+        return save_figure(fig, path, format="png", bbox_inches="tight", metadata={"Software": None})
+    finally:
+        plt.close(fig)
 
 
 #: the font size of labels (points); titles are larger, small labels smaller

@@ -82,10 +82,11 @@ def plot_timeline(result: SimResult, prog: SimProgram, path: str | Path, *, titl
                            f"{result.execution}-level: {result.time_us:.1f} us, busbw "
                            f"{result.busbw_GBps:.2f} GB/s{cut}"), fontsize=9)
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    from hccc.compiler.backend.output_dir import save_figure
+    try:
+        return save_figure(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def plot_busbw(curves: dict[str, tuple[list[int], list[float]]], path: str | Path, *,
@@ -127,8 +128,9 @@ def plot_busbw(curves: dict[str, tuple[list[int], list[float]]], path: str | Pat
     ax.legend(fontsize=7, frameon=False)
     ax.set_title(title or "bus bandwidth against size", fontsize=9)
     fig.tight_layout()
-    out = Path(path)
     ylim = ax.get_ylim()
-    fig.savefig(out)
-    plt.close(fig)
-    return out, ylim
+    from hccc.compiler.backend.output_dir import save_figure
+    try:
+        return save_figure(fig, path), ylim
+    finally:
+        plt.close(fig)

@@ -229,6 +229,39 @@ def test_single_file_output_new_and_regular(tmp_path):
         check_output_file(tmp_path / "missing" / "x.xml")
 
 
+PLOTS = {
+    "topo --plot": ["topo", EXAMPLES / "clusters" / "a100_topo1.topo", "--plot"],
+    "sim --plot": ["sim", EXAMPLES / "hm_allreduce_2x4.rccl", "--topology", EXAMPLES / "clusters" / "a100_topo1.topo",
+                   "--sizes", "1M", "--plot"],
+    "sim --plot-busbw": ["sim", EXAMPLES / "hm_allreduce_2x4.rccl", "--topology",
+                         EXAMPLES / "clusters" / "a100_topo1.topo", "--sizes", "1M,2M", "--plot-busbw"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(PLOTS))
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "chardev"])
+def test_plots_are_single_file_outputs(tmp_path, kind, command):
+    """A plot is written as every single-file output is (matplotlib once wrote the path it was
+    given, a device, a FIFO or a symbolic link's target included): refused before the work,
+    exit 1, no traceback, the special file unchanged, no temporaries; a regular file is replaced."""
+    pytest.importorskip("matplotlib")
+    p = _special(tmp_path, kind).rename(tmp_path / f"{kind}.png")
+    mode = os.lstat(p).st_mode
+    r = run_hccc_process(*PLOTS[command], p, timeout=120) if kind == "fifo" else run_hccc(*PLOTS[command], p)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "writes only new or regular files" in r.stderr or "is a symbolic link" in r.stderr, r.stderr
+    assert os.lstat(p).st_mode == mode
+    assert sorted(q.name for q in tmp_path.iterdir() if q.name.startswith(".")) == []
+    if kind == "symlink":
+        assert (tmp_path / "target.txt").read_text() == "the user's file"
+    good = tmp_path / "good.png"
+    good.write_text("old")
+    r = run_hccc(*PLOTS[command], good)
+    assert r.returncode == 0, r.stderr
+    assert good.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.parametrize("step, fails, words", [
     ("mkstemp", "tempfile.mkstemp", "cannot create a temporary file in"),
     ("write", "os.fsync", "cannot write the temporary file"),

@@ -360,9 +360,15 @@ def check_not_an_input(path: str | Path, inputs) -> None:
 
 
 def write_text_atomically(path: str | Path, text: str, inputs=()) -> None:
-    """Write ``text`` to ``path`` through a temporary sibling and a rename: a failed write leaves an
+    """Write ``text`` (UTF-8) to ``path`` as :func:`write_bytes_atomically` writes bytes."""
+    write_bytes_atomically(path, text.encode("utf-8"), inputs)
+
+
+def write_bytes_atomically(path: str | Path, data: bytes, inputs=()) -> None:
+    """Write ``data`` to ``path`` through a temporary sibling and a rename: a failed write leaves an
     existing file untouched and no partial file behind. ``path`` must be new or a regular file, and
-    none of ``inputs`` (:func:`check_output_file`). Failures are CompileErrors for the user."""
+    none of ``inputs`` (:func:`check_output_file`). Failures are CompileErrors for the user, naming
+    the step that failed."""
     path = check_output_file(path, inputs)
     clean_stale_siblings(path, kinds=("tmp",))
     # each step's failure names the step: a file system that takes no new file beside the output
@@ -375,8 +381,8 @@ def write_text_atomically(path: str | Path, text: str, inputs=()) -> None:
     try:
         _lock(fd)
         step = f"cannot write the temporary file '{_show(tmp)}'"
-        with os.fdopen(os.dup(fd), "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+        with os.fdopen(os.dup(fd), "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())        # the data on disk before the rename publishes it
         umask = os.umask(0)
@@ -397,6 +403,27 @@ def write_text_atomically(path: str | Path, text: str, inputs=()) -> None:
         raise
     finally:
         os.close(fd)
+
+
+def figure_path(path: str | Path, fmt: str | None = None) -> Path:
+    """The file a figure saved to ``path`` is written to, as matplotlib names it: ``path`` itself,
+    or with ``.png`` added where it has no suffix and no format is given."""
+    p = Path(path)
+    return p if fmt or p.suffix else p.with_name(p.name + ".png")
+
+
+def save_figure(fig, path: str | Path, inputs=(), **savefig) -> Path:
+    """A matplotlib figure written as a single output file (:func:`write_bytes_atomically`: never
+    into a device, a FIFO or over a symbolic link, never half-written) in the format ``savefig``
+    names or the file's suffix says (PNG where it has none: :func:`figure_path`); the path
+    written."""
+    import io
+    out = figure_path(path, savefig.get("format"))
+    savefig.setdefault("format", out.suffix[1:].lower())
+    buf = io.BytesIO()
+    fig.savefig(buf, **savefig)     # an unknown format: matplotlib's ValueError, nothing written
+    write_bytes_atomically(out, buf.getvalue(), inputs)
+    return out
 
 
 def write_export(output: str, text: str, algo: str, example_name: str) -> Path | None:

@@ -364,10 +364,10 @@ def _run_one(args) -> int:
         args.sizes = comma_list(parse_size, "sizes")(PLOT_SIZES)    # a curve, not three points
     sweep = sweep_sizes(args)
     sizes = list(sweep.sizes)
-    from hccc.compiler.backend.output_dir import check_not_an_input
+    from hccc.compiler.backend.output_dir import check_output_file, figure_path
     for plot in (args.plot, args.plot_busbw):
-        if plot:
-            check_not_an_input(plot, [*args.algo, args.topology])    # before the work
+        if plot:     # before the work: a new or regular file, none of the inputs
+            check_output_file(figure_path(plot), [*args.algo, args.topology])
     args.counts_matrix = None
     if args.counts is not None:
         if not sweep_is_default(args) or args.plot_busbw:

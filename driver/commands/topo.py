@@ -321,8 +321,8 @@ def run(args) -> int:
         return run_import(args)
 
     if args.plot:
-        from hccc.compiler.backend.output_dir import check_not_an_input
-        check_not_an_input(args.plot, [args.cluster])    # before the work: a drawing over the cluster
+        from hccc.compiler.backend.output_dir import check_output_file
+        check_output_file(args.plot, [args.cluster])    # before the work: a new or regular file, not the cluster
     topo = load_cluster(args.cluster)
     from hccc.compiler.cluster.hierarchy import hierarchy
 
