@@ -811,18 +811,18 @@ POST_PROBE = r"""
 #include "hccc_prims.h"
 extern "C" __global__ void probe_post_gpu(const hccc_v16* d, hccc_v16* o, uint64_t* t, uint64_t* h, uint64_t v) {
   hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
-  hccc_posts p{t, h, nullptr, v, v, 0, 0u, 0u};
-  hccc_post(p);
+  hccc_posts p{t, h, nullptr, v, v, 0};
+  hccc_post(p, false);
 }
 extern "C" __global__ void probe_post_sys(const hccc_v16* d, hccc_v16* o, uint64_t* t, uint64_t* h, uint64_t v) {
   hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
-  hccc_posts p{t, h, nullptr, v, v, 0, 1u, 0u};
-  hccc_post(p);
+  hccc_posts p{t, h, nullptr, v, v, 0};
+  hccc_post(p, true);
 }
 extern "C" __global__ void probe_post_conn(const hccc_v16* d, hccc_v16* o, const hccc_conn* c, uint64_t v) {
   hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
-  hccc_posts p{c->tail, nullptr, nullptr, v, v, 0, hccc_conn_sys(*c) ? 1u : 0u, 0u};
-  hccc_post(p);
+  hccc_posts p{c->tail, nullptr, nullptr, v, v, 0};
+  hccc_post(p, hccc_conn_sys(*c));
 }
 // the acquire after a fresh poll of a same-GPU peer's counter (bit 0) and another GPU's (bit 1)
 extern "C" __global__ void probe_wait_gpu(const uint64_t* f, const hccc_v16* d, hccc_v16* o, uint64_t need) {
