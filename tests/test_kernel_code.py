@@ -661,9 +661,10 @@ def fused_sass(tmp_path_factory):
     man = json.loads((d / "manifest.json").read_text())
     src, cubin = d / "fused.cu", d / "fused.cubin"
     src.write_text(translation_unit(man, Instance("float32", "sum"), [1], "cuda"))
-    # (chains forced on: CUDA builds leave them out, hccc.compiler.ir.ll_chains.CHAIN_PLATFORMS; the
-    # chains' code is held to its round trips for the build that runs it, the CPU emulation's)
-    res = subprocess.run([require_tool("nvcc"), *cuda_flags("sm_90", False, output="-cubin"), "-DHCCC_LL_CHAINS=1",
+    # (CUDA builds run chains: hccc.compiler.ir.ll_chains.CHAIN_PLATFORMS)
+    from hccc.compiler.ir.ll_chains import CHAIN_PLATFORMS
+    assert "cuda" in CHAIN_PLATFORMS
+    res = subprocess.run([require_tool("nvcc"), *cuda_flags("sm_90", False, output="-cubin"),
                           "-I", str(d), "-o", str(cubin), str(src)], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     dis = subprocess.run([tool, "-c", str(cubin)], capture_output=True, text=True, timeout=300)
