@@ -661,9 +661,10 @@ def fused_sass(tmp_path_factory):
     man = json.loads((d / "manifest.json").read_text())
     src, cubin = d / "fused.cu", d / "fused.cubin"
     src.write_text(translation_unit(man, Instance("float32", "sum"), [1], "cuda"))
-    # (chains forced on: CUDA builds leave them out, hccc.compiler.ir.ll_chains.CHAIN_PLATFORMS; the
-    # chains' code is held to its round trips for the build that runs it, the CPU emulation's)
-    res = subprocess.run([require_tool("nvcc"), *cuda_flags("sm_90", False, output="-cubin"), "-DHCCC_LL_CHAINS=1",
+    # (CUDA builds run chains: hccc.compiler.ir.ll_chains.CHAIN_PLATFORMS)
+    from hccc.compiler.ir.ll_chains import CHAIN_PLATFORMS
+    assert "cuda" in CHAIN_PLATFORMS
+    res = subprocess.run([require_tool("nvcc"), *cuda_flags("sm_90", False, output="-cubin"),
                           "-I", str(d), "-o", str(cubin), str(src)], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     dis = subprocess.run([tool, "-c", str(cubin)], capture_output=True, text=True, timeout=300)
@@ -811,18 +812,18 @@ POST_PROBE = r"""
 #include "hccc_prims.h"
 extern "C" __global__ void probe_post_gpu(const hccc_v16* d, hccc_v16* o, uint64_t* t, uint64_t* h, uint64_t v) {
   hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
-  hccc_posts p{t, h, nullptr, v, v, 0, 0u, 0u};
-  hccc_post(p);
+  hccc_posts p{t, h, nullptr, v, v, 0};
+  hccc_post(p, false);
 }
 extern "C" __global__ void probe_post_sys(const hccc_v16* d, hccc_v16* o, uint64_t* t, uint64_t* h, uint64_t v) {
   hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
-  hccc_posts p{t, h, nullptr, v, v, 0, 1u, 0u};
-  hccc_post(p);
+  hccc_posts p{t, h, nullptr, v, v, 0};
+  hccc_post(p, true);
 }
 extern "C" __global__ void probe_post_conn(const hccc_v16* d, hccc_v16* o, const hccc_conn* c, uint64_t v) {
   hccc_st16(o + threadIdx.x, hccc_ld16(d + threadIdx.x));
-  hccc_posts p{c->tail, nullptr, nullptr, v, v, 0, hccc_conn_sys(*c) ? 1u : 0u, 0u};
-  hccc_post(p);
+  hccc_posts p{c->tail, nullptr, nullptr, v, v, 0};
+  hccc_post(p, hccc_conn_sys(*c));
 }
 // the acquire after a fresh poll of a same-GPU peer's counter (bit 0) and another GPU's (bit 1)
 extern "C" __global__ void probe_wait_gpu(const uint64_t* f, const hccc_v16* d, hccc_v16* o, uint64_t need) {

@@ -46,7 +46,10 @@ PTABLE_MAX_PRIMS = PTABLE_BUDGET_BYTES // SPRIM_BYTES
 #: sum, single-GPU and system builds: 20 B of spill stores and 24 B of loads in the grid kernel's
 #: ``hccc_run``, the data loop's invariants, ``ptxas -v`` with nvcc 13.0; the rank kernels none): its
 #: data loop is at the 64-register budget, which the table's code tips over. With the per-primitive
-#: load, no kernel spills (``tests/test_kernel_registers.py``)
+#: load, no kernel spills (``tests/test_kernel_registers.py``). Measured again once each
+#: connection's scope lived in words the engine keeps (30 November 2026): with a table every entry
+#: of the single-GPU build spills, 16 B stored and loaded in ``hccc_run`` with the chains' code
+#: compiled out (``-DHCCC_LL_CHAINS=0``), 8-16 B with it
 ALLTOALL_TABLE = False
 #: whether a program with receive groups decodes its primitives into a table: not yet. A table's
 #: engine runs no N-source unit (``hccc_groups_of``): with them beside the table's sync lane, the
