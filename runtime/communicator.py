@@ -68,7 +68,7 @@ from hccc.runtime import shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, exchange, make_bootstrap
 from hccc.runtime.call_buffers import CallError, call_arrays, device_kind, full_count, route, sync_caller
 from hccc.runtime.generated import GeneratedProgram, check_codegen
-from hccc.runtime.launcher import DTYPES, ELEMENT_BYTES, OPS
+from hccc.runtime.checked_run import DTYPES, ELEMENT_BYTES, OPS
 from hccc.runtime.memory_limits import check_fifo_memory, refused_memory
 from hccc.compiler.backend.abi import NSLOTS
 from hccc.compiler.passes.slicing import budget_slot_capacity

@@ -49,8 +49,8 @@ from hccc.runtime.kernel_abi import Args, grid_first
 from hccc.runtime.kernel_watch import default_watchdog_s
 from hccc.compiler.backend.abi import NSLOTS
 from hccc.runtime.kernel_errors import IGNORES_ABORT, WATCHDOG, describe_stuck
-from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, call_count, check_placement,
-                                   program_layout, run_inputs)
+from hccc.runtime.checked_run import (ELEMENT_BYTES, RunResult, alltoallv_buffers, call_count, check_placement,
+                                     program_layout, run_inputs)
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 from hccc.runtime.rank_residency import check_grid_residency, check_rank_residency
 from hccc.runtime.rank_kernels import check_resident_together, fit_block_threads
