@@ -1,5 +1,5 @@
-"""Every allocation of one rank (a :class:`~hccc.runtime.process_rank.ProcessRank`'s, and each rank's
-of the single-process runner, :class:`~hccc.runtime.group_memory.GroupMemory`): the segments it
+"""Every allocation of one rank (a :class:`~hccc.runtime.process_rank.ProcessRank`'s, also each rank
+of the single-process runner's job): the segments it
 exports to its peers (its control block and receive FIFOs, and on the CPU emulation its
 flags), the peers' segments it maps, its local memory (orphan FIFOs, connection tables, the error
 record, the network proxy's memory), pinned host flags and the scratch buffer that grows with the
