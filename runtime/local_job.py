@@ -1163,6 +1163,7 @@ class GridEntry:
         """Every rank's blocks in one launch on rank 0's stream."""
         owner = self.comms[0]
         self._check_fit(self.block)
+        self.pf.set_device(owner.device)
         self.pf.launch_grid(self.fn, self.blocks, self.block, arg, owner._stream, abort_flag=owner.flags.abort)
 
 

@@ -275,6 +275,8 @@ class ProcessRank:
             self._net.shape(self.slot_bytes, self.ir.max_step_chunks, call.slice_bytes)
         if self.grid > 0:
             try:
+                # (on this rank's device: a job's ranks may be launched together by one thread)
+                self._pf.set_device(self.device)
                 self._pf.launch(fn, self.grid, self.block, self._mem.argument(args), self._stream)
             except Exception as exc:
                 raise self._refused(exc, what) from None
