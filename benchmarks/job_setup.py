@@ -1,6 +1,7 @@
-"""Set-up cost of the two launchers on the CPU emulation: a single-process ``Runner`` (every rank
-of one ``RankGroup``) against a ``LocalJob`` (every rank a Communicator in a thread of this
-process, over the in-process bootstrap), per job, at several rank counts.
+"""Set-up cost of the two launchers on the CPU emulation: a single-process ``Runner`` (a
+``LocalJob`` with the oracle and its up-front checks on top) against a bare ``LocalJob`` (every
+rank a Communicator in a thread of this process, over the in-process bootstrap), per job, at
+several rank counts.
 
     python benchmarks/job_setup.py [--ranks 2,8,32] [--reps 5]
     python benchmarks/job_setup.py --workload [--reps 3]

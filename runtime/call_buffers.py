@@ -50,6 +50,16 @@ class Bfloat16Bits:
         self.bits = bits
 
 
+class DeviceArray:
+    """``n`` elements of ``dtype`` (a name of :mod:`hccc.util.dtypes`) at ``ptr`` in a GPU
+    platform's memory: what the ranks of one process take where the caller holds its arrays on the
+    host (:func:`hccc.runtime.local_job.staged_on_device` makes them; bfloat16 included, which no
+    array interface names)."""
+
+    def __init__(self, ptr: int, n: int, dtype: str):
+        self.ptr, self.n, self.dtype = int(ptr), int(n), str(dtype)
+
+
 def as_buf(a, what: str) -> Buf:
     """``a`` (a numpy array, a torch tensor, a CUDA array or a DLPack object) as a :class:`Buf`;
     TypeError / ValueError naming ``what`` for anything the kernels cannot take."""
@@ -74,6 +84,10 @@ def as_buf(a, what: str) -> Buf:
         if not (bits.flags.c_contiguous and bits.flags.writeable):
             raise ValueError(f"{what}: the array must be C-contiguous and writable")
         return Buf(int(bits.ctypes.data), int(bits.size), "bfloat16", "cpu", bits)
+    if isinstance(a, DeviceArray):
+        if a.dtype not in DTYPES:
+            raise TypeError(f"{what}: element type {a.dtype} is not one of {', '.join(DTYPES)}")
+        return Buf(a.ptr, a.n, a.dtype, "cuda", a)
     if isinstance(a, np.ndarray):
         name = _NP_NAMES.get(a.dtype) or ("bfloat16" if a.dtype.name == "bfloat16" else None)
         if name is None:
@@ -204,5 +218,5 @@ def route(ir: ProgramIR, spec: CollectiveSpec, rank: int, method: str, bx: Buf, 
     return bx.ptr, bo.ptr, None
 
 
-__all__ = ["CallError", "Buf", "Bfloat16Bits", "as_buf", "torch_strided", "sync_caller", "call_arrays", "device_kind",
+__all__ = ["CallError", "Buf", "Bfloat16Bits", "DeviceArray", "as_buf", "torch_strided", "sync_caller", "call_arrays", "device_kind",
            "full_count", "at_place", "source_text", "route"]

@@ -68,7 +68,7 @@ from hccc.runtime import shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, exchange, make_bootstrap
 from hccc.runtime.call_buffers import CallError, call_arrays, device_kind, full_count, route, sync_caller
 from hccc.runtime.generated import GeneratedProgram, check_codegen
-from hccc.runtime.launcher import DTYPES, ELEMENT_BYTES, OPS
+from hccc.runtime.checked_run import DTYPES, ELEMENT_BYTES, OPS
 from hccc.runtime.memory_limits import check_fifo_memory, refused_memory
 from hccc.compiler.backend.abi import NSLOTS
 from hccc.compiler.passes.slicing import budget_slot_capacity
@@ -230,8 +230,6 @@ class Communicator(ProcessRank):
             # ranks that are threads of one process reach each other's memory as it is: its
             # pointers, and the host segment as an object (the bootstrap hands objects over)
             me.update(ptrs=[mem.ctrl, mem.slots, self._owned.flags_ptr or 0], hostseg=self._hosts.own)
-            if not self._owned.private:      # (GPUs of one process: IPC memory, by pointer)
-                me.update(ctrl="", slots="", flags="")
         else:
             me.update(ctrl=pf.ipc_export(mem.ctrl).hex(), slots=pf.ipc_export(mem.slots).hex(),
                       flags=(pf.ipc_export(self._owned.flags_ptr).hex()
@@ -269,7 +267,7 @@ class Communicator(ProcessRank):
 
     def _refit(self, capacity: int) -> None:
         """FIFOs of slots of ``capacity`` bytes (as ``chunk_bytes``, at most the compiled one),
-        for ranks that are threads of this process on the CPU emulation, whose memory their peers
+        for ranks that are threads of this process, whose memory their peers
         reach by address: with no kernel running, this rank's control block, FIFOs, orphan FIFOs
         and connection tables are allocated anew for the plans at that capacity (the old freed,
         the memory limit checked first), every rank's new blocks exchanged, the tables written and
@@ -277,7 +275,7 @@ class Communicator(ProcessRank):
         and the next LL call zeroes the slots. Every rank of the job calls it alike."""
         if not self._owned.private:
             raise CommunicatorError(f"rank {self.rank}: FIFOs grow only where every rank is a thread of "
-                                    "this process on the CPU emulation (their memory taken by address)")
+                                    "this process (their memory taken by address)")
         capacity = min(int(capacity), self.compiled_chunk_bytes)
         plans = list(self._prog.plans_with_capacity(capacity, self.ir.max_step_chunks))
         check_fifo_memory(self.ir.name, plans, [self.rank])

@@ -20,6 +20,7 @@ import os
 import re
 import struct
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -312,7 +313,9 @@ class GpuPlatform(Platform):
                 raise PlatformError(f"{self.devices_env}={env!r} must be a positive number of GPUs")
             max_devices = int(env)
         self.ndevices = min(count, max_devices) if max_devices else count
-        self._current = -1
+        #: the device made current by :meth:`set_device`, per thread, as the runtime keeps it
+        #: (the ranks of one process may share this object from threads of their own)
+        self._tls = threading.local()
         self._streams: list[GpuStream] = []
         self._ctl: GpuStream | None = None
         self._events: list[tuple[int, int]] = []
@@ -367,6 +370,15 @@ class GpuPlatform(Platform):
     # ---------------------------------------------------------------- devices
     def device_count(self) -> int:
         return self.ndevices
+
+    @property
+    def _current(self) -> int:
+        """The calling thread's current device as :meth:`set_device` made it (-1: never set)."""
+        return getattr(self._tls, "device", -1)
+
+    @_current.setter
+    def _current(self, index: int) -> None:
+        self._tls.device = index
 
     def set_device(self, index: int) -> None:
         if not 0 <= index < self.ndevices:

@@ -1,6 +1,5 @@
-"""The one wait for running kernels under a limit, both launchers' (the single-process runner's host
-watchdog, :meth:`~hccc.runtime.rank_launches.RankLaunches.wait`, and a rank's wait while it watches
-its peers, :func:`~hccc.runtime.kernel_wait.wait_for_kernel`): the platforms synchronized in the
+"""The one wait for running kernels under a limit: a rank's wait while it watches its peers
+(:func:`~hccc.runtime.kernel_wait.wait_for_kernel`; the single-process runner's ranks wait so too): the platforms synchronized in the
 background (:func:`~hccc.runtime.rank_memory.synchronize_in_background`), the abort flag raised at
 the first problem the caller reports or when the limit passes, and the kernels given up on when
 they outlive the abort by the grace time (they ignore the flag: their memory must stay).

@@ -14,7 +14,8 @@ step of a job's set-up, barriers, calls and failure handling; only the handles t
 what a rank's peers reach of it (control block, FIFOs, flags, host segment) is this process's
 memory, exchanged as objects and pointers through the bootstrap (:meth:`~hccc.runtime.bootstrap.
 Bootstrap.exchange`), with nothing exported, named in ``/dev/shm`` or mapped (GPUs of one process
-still export IPC memory, taken by pointer).
+reach each other's peer memory by peer access). A call's arrays are the caller's host arrays: on a
+GPU platform each rank's are copied through its device memory (:func:`rank_arrays`).
 
 A call may also be launched together, as the single-process runner launches (:class:`GroupLaunch`):
 each rank's thread takes its call through the job's steps up to the launch
@@ -31,6 +32,7 @@ import ctypes
 import queue
 import threading
 import weakref
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -38,7 +40,7 @@ from hccc.compiler.frontend.collectives import SPECS
 from hccc.runtime import alltoallv as av, oracle, shm
 from hccc.runtime.alltoallv_call import buffer_lengths
 from hccc.runtime.bootstrap import local_bootstraps
-from hccc.runtime.call_buffers import Bfloat16Bits, call_arrays
+from hccc.runtime.call_buffers import Bfloat16Bits, DeviceArray, as_buf, device_kind
 from hccc.runtime.communicator import Communicator, CommunicatorError, METHODS
 from hccc.runtime.direct_peers import direct_receive_count, ll_note, peers_blob, peers_usable
 from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram
@@ -49,8 +51,8 @@ from hccc.runtime.kernel_abi import Args, grid_first
 from hccc.runtime.kernel_watch import default_watchdog_s
 from hccc.compiler.backend.abi import NSLOTS
 from hccc.runtime.kernel_errors import IGNORES_ABORT, WATCHDOG, describe_stuck
-from hccc.runtime.launcher import (ELEMENT_BYTES, RunResult, alltoallv_buffers, call_count, check_placement,
-                                   program_layout, run_inputs)
+from hccc.runtime.checked_run import (ELEMENT_BYTES, RunResult, alltoallv_buffers, call_count, check_placement,
+                                     program_layout, run_inputs)
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 from hccc.runtime.rank_residency import check_grid_residency, check_rank_residency
 from hccc.runtime.rank_kernels import check_resident_together, fit_block_threads
@@ -243,7 +245,7 @@ class LocalJob:
         for c in self.comms:
             c.watchdog_s = watchdog_s
         #: :meth:`run` grows the FIFOs to what each call needs (:meth:`fit_fifos`) where they can
-        #: grow: every rank's memory taken by address (the CPU emulation)
+        #: grow: every rank's memory taken by address (every rank a thread of this process)
         self.grow_fifos = all(c._owned.private for c in self.comms)
         for c in self.comms:
             c.grows = self.grow_fifos
@@ -363,16 +365,22 @@ class LocalJob:
             check_resident_together(self.ir.name, pf, cs[0].device, len(cs), need, b, cap(b))
 
     def _rank_backends(self, backend, platforms, cache_dir) -> list:
-        """What each rank's communicator runs on: the backend as given, or for a dict from
-        manifest platform to a name or a Platform object (the single-process runner's form) the
-        rank's platform's entry, each name made once for the job (``"cpu"``: the job's shared
+        """What each rank's communicator runs on: the backend as given (a Platform object, or
+        ``"cpu"``: each rank's platform's shared CPU emulation), or for a GPU backend's name or a
+        dict from manifest platform to a name or a Platform object (the single-process runner's
+        form) the rank's platform's entry, each name made once for the job (``"cpu"``: the job's shared
         CPU emulation of those sources) and every pair of platforms checked to share memory
         (:func:`~hccc.runtime.rank_platforms.resolve_platforms`: a sender writes the receiver's
         FIFOs), PlatformError otherwise, before any rank is made."""
+        platforms = platforms or rank_platforms(self.nranks, backend, None)
         if not isinstance(backend, dict):
             # a backend that cannot run some ranks' sources: refused once, naming them, before any rank
-            check_backend(self.ir, backend, ranks_by_platform(platforms or rank_platforms(self.nranks, backend, None)))
-            return [backend] * self.nranks
+            check_backend(self.ir, backend, ranks_by_platform(platforms))
+            if not (isinstance(backend, str) and backend != "cpu"):
+                return [backend] * self.nranks
+            # a GPU backend by name: one Platform object of the job for all its ranks, as one
+            # process has one runtime (ranks sharing a device are then fitted together by it)
+            backend = {p: backend for p in ranks_by_platform(platforms)}
         groups = ranks_by_platform(platforms)
         spec = {p: v for p, v in backend.items()}
         for p, v in spec.items():
@@ -416,15 +424,14 @@ class LocalJob:
         if inplace:
             check_placement(self.ir, True, rows)
         kwargs = {"op": op} if spec.reduces else {}
-        as_kernel = _bfloat16_bits if bfloat16 else (lambda a: a)
-        dtype = ("bfloat16" if bfloat16 else
-                 call_arrays(method, np.asarray(inputs[0]), None, self.comms[0]._pf.name)[0].dtype)
+        dtype = "bfloat16" if bfloat16 else as_buf(np.asarray(inputs[0]), f"{method}: input").dtype
         # outputs start as garbage (a NaN, the most negative integer), so an element never written shows up
         garbage = oracle.GARBAGE[dtype]
 
         def step(r, comm):
             x, out = _call_buffers(np.asarray(inputs[r]), rows[r], garbage, inplace)
-            getattr(comm, method)(as_kernel(x), out=as_kernel(out), **kwargs)
+            with rank_arrays(comm, [x, out], dtype) as (kx, kout):
+                getattr(comm, method)(kx, out=kout, **kwargs)
             return np.array(out, copy=True)
         return self._each_call(step, together, direct, self._grid_entry(dtype, op) if one_grid else None)
 
@@ -650,8 +657,8 @@ class LocalJob:
     def fit_fifos(self, capacity: int) -> None:
         """Make every rank's FIFOs hold slots of ``capacity`` (at most the compiled ``chunk_bytes``):
         reallocated larger on every rank together where they hold less
-        (:meth:`~hccc.runtime.communicator.Communicator._refit`: CPU emulation, the ranks' memory
-        taken by address), never shrunk; the memory limit checked first
+        (:meth:`~hccc.runtime.communicator.Communicator._refit`: the ranks' memory taken by
+        address), never shrunk; the memory limit checked first
         (:class:`~hccc.runtime.memory_limits.FifoMemoryError`, nothing changed)."""
         capacity = min(int(capacity), self.comms[0].compiled_chunk_bytes)
         if capacity <= self.fifo_capacity:
@@ -757,12 +764,12 @@ class LocalJob:
             one_grid = together and self.grid_usable(dtype, "sum")
         inputs, before = alltoallv_buffers(dtype, inputs, send_lens, recv_lens, inplace, seed)
         want = av.expected([np.array(x) for x in inputs], before, c, sd, rd)
-        as_kernel = _bfloat16_bits if dtype == "bfloat16" else (lambda a: a)
 
         def step(r, comm):
             x = oracle.to_device(inputs[r], dtype).copy()
             out = None if inplace else oracle.to_device(before[r], dtype).copy()
-            comm.all_to_all_v(as_kernel(x), None if inplace else as_kernel(out), c, sdispls=s_pass, rdispls=r_pass)
+            with rank_arrays(comm, [x, out], dtype) as (kx, kout):
+                comm.all_to_all_v(kx, kout, c, sdispls=s_pass, rdispls=r_pass)
             return oracle.from_device(x if inplace else out, dtype)
         grid = self._grid_entry(dtype, "sum") if one_grid else None
         outs, stuck, times = None, None, []
@@ -1050,7 +1057,7 @@ class GroupLaunch:
                 p[1].peers = ptr
         if self.grid is not None:
             self._timers = [comms[0]._pf.timer()]
-            arg = self.grid.argument([c._mem.argument(p[1]) for c, p in zip(comms, pending)], self._staged)
+            arg = self.grid.argument([c._mem.argument(p[1]) for c, p in zip(comms, pending)])
             self._timers[0].start()
             try:
                 self.grid.launch(arg)
@@ -1113,6 +1120,8 @@ class GridEntry:
         lib = self.pf.build(prog.gendir, prog.manifest, inst, ranks=list(range(len(comms))), single_gpu=True)
         self.fn = self.pf.load(lib).function(sym)
         self._check_fit(self.block)
+        #: the buffers :meth:`argument` writes: name -> (pointer in rank 0's memory, bytes)
+        self._kept: dict[str, tuple[int, int]] = {}
 
     @property
     def block(self) -> int:
@@ -1125,35 +1134,78 @@ class GridEntry:
             raise CommunicatorError(f"{self.comms[0].ir.name} as one grid needs {self.blocks} thread blocks "
                                     f"of {block} threads resident at once; at most {fit} fit")
 
-    def argument(self, packed: list[bytes], staged: list) -> bytes:
+    def argument(self, packed: list[bytes]) -> bytes:
         """The entry's argument over every rank's packed kernel argument (``packed``: ``hccc_args``,
         or ``hccc_table_args`` in table mode, with the block table of every rank's first block),
-        copied into rank 0's memory (appended to ``staged``, freed after the call)."""
+        copied into rank 0's memory: into buffers the entry keeps for the job's life (rank 0's own
+        allocations, freed with its memory), written again by each call (the previous call's
+        kernels have ended), so that a launch allocates nothing."""
         owner = self.comms[0]
 
-        def put(data: bytes, least: int) -> int:
+        def put(what: str, data: bytes, least: int) -> int:
             blob = np.frombuffer(data, np.uint8)
-            ptr = owner._owned.local(max(blob.nbytes, least))
-            staged.append((owner, ptr))
+            ptr, size = self._kept.get(what, (0, 0))
+            if size < blob.nbytes or not ptr:
+                if ptr:
+                    owner._owned.free(ptr)
+                    del self._kept[what]
+                size = max(blob.nbytes, least)
+                ptr = owner._owned.local(size)
+                self._kept[what] = (ptr, size)
             self.pf.memcpy_htod(ptr, blob)
             return ptr
-        ranks = put(b"".join(packed), ctypes.sizeof(Args))
+        ranks = put("ranks", b"".join(packed), ctypes.sizeof(Args))
         if not self.table:
             return grid_argument(ranks, len(packed))
-        return grid_argument(ranks, len(packed), first=put(grid_first([c.grid for c in self.comms]), 16))
+        return grid_argument(ranks, len(packed), first=put("first", grid_first([c.grid for c in self.comms]), 16))
 
     def launch(self, arg: bytes) -> None:
         """Every rank's blocks in one launch on rank 0's stream."""
         owner = self.comms[0]
         self._check_fit(self.block)
+        self.pf.set_device(owner.device)
         self.pf.launch_grid(self.fn, self.blocks, self.block, arg, owner._stream, abort_flag=owner.flags.abort)
 
 
-def _bfloat16_bits(bits: np.ndarray) -> Bfloat16Bits:
-    """bfloat16 elements of ``bits`` (uint16 bit patterns, used in place) as a rank's call takes
-    them (:class:`~hccc.runtime.call_buffers.Bfloat16Bits`; numpy has no bfloat16, and torch's
-    import would cost every job seconds)."""
-    return Bfloat16Bits(bits)
+@contextmanager
+def rank_arrays(comm: Communicator, arrays: list, dtype: str):
+    """A rank's call arrays (host numpy arrays of ``dtype``'s device form, bfloat16 as uint16 bit
+    patterns: :func:`hccc.runtime.oracle.to_device`; None passed through) as the rank's backend
+    takes them: on the CPU emulation the arrays themselves (bfloat16 as
+    :class:`~hccc.runtime.call_buffers.Bfloat16Bits`: numpy has no bfloat16, and torch's import
+    would cost every job seconds); on a GPU platform copies in the rank's device memory
+    (:class:`~hccc.runtime.call_buffers.DeviceArray`), one per array the others are views of, so
+    an in-place call's input and output alias there as on the host, copied back into the host
+    arrays when the call returns. They are freed then, or after a failed call, unless the rank's
+    kernel may still run (it ignored the abort flag: :data:`~hccc.runtime.kernel_errors.IGNORES_ABORT`)."""
+    pf = comm._pf
+    if device_kind(pf.name) == "cpu":
+        yield [None if a is None else Bfloat16Bits(a) if dtype == "bfloat16" else a for a in arrays]
+        return
+    bases = {}
+    for a in arrays:
+        if a is not None:
+            b = a if a.base is None else a.base
+            bases.setdefault(id(b), b)
+    pf.set_device(comm.device)
+    dev: dict[int, int] = {}
+    try:
+        for k, b in bases.items():
+            dev[k] = pf.malloc(max(b.nbytes, 16))
+            if b.nbytes:
+                pf.memcpy_htod(dev[k], b)
+
+        def on_device(a):
+            b = a if a.base is None else a.base
+            return DeviceArray(dev[id(b)] + (a.ctypes.data - b.ctypes.data), a.size, dtype)
+        yield [None if a is None else on_device(a) for a in arrays]
+        for k, b in bases.items():
+            if b.nbytes:
+                pf.memcpy_dtoh(b, dev[k])
+    finally:
+        if not (comm._broken and IGNORES_ABORT in comm._broken):
+            for p in dev.values():
+                pf.free(p)
 
 
 def _call_buffers(x: np.ndarray, row, garbage, inplace: bool) -> tuple[np.ndarray, np.ndarray]:

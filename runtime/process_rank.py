@@ -20,7 +20,7 @@ from hccc.runtime.alltoallv_call import RankAllToAllv, Staging
 from hccc.runtime.host_segment import HostSegments, call_type
 from hccc.runtime.kernel_errors import IGNORES_ABORT
 from hccc.runtime.kernel_wait import wait_for_kernel
-from hccc.runtime.launcher import ELEMENT_BYTES, program_layout
+from hccc.runtime.checked_run import ELEMENT_BYTES, program_layout
 from hccc.runtime.rank_kernels import fit_block_threads
 from hccc.runtime.ll_epoch import LLEpochs
 from hccc.runtime.memory_limits import refused_memory
@@ -275,6 +275,8 @@ class ProcessRank:
             self._net.shape(self.slot_bytes, self.ir.max_step_chunks, call.slice_bytes)
         if self.grid > 0:
             try:
+                # (on this rank's device: a job's ranks may be launched together by one thread)
+                self._pf.set_device(self.device)
                 self._pf.launch(fn, self.grid, self.block, self._mem.argument(args), self._stream)
             except Exception as exc:
                 raise self._refused(exc, what) from None

@@ -1,5 +1,5 @@
-"""Every allocation of one rank (a :class:`~hccc.runtime.process_rank.ProcessRank`'s, and each rank's
-of the single-process runner, :class:`~hccc.runtime.group_memory.GroupMemory`): the segments it
+"""Every allocation of one rank (a :class:`~hccc.runtime.process_rank.ProcessRank`'s, also each rank
+of the single-process runner's job): the segments it
 exports to its peers (its control block and receive FIFOs, and on the CPU emulation its
 flags), the peers' segments it maps, its local memory (orphan FIFOs, connection tables, the error
 record, the network proxy's memory), pinned host flags and the scratch buffer that grows with the
@@ -34,10 +34,11 @@ class RankAllocations:
         self.peer_flags: dict[int, int] = {}
         self.scratch: tuple[int, int] | None = None      # (pointer, bytes)
         self.shared_flags = pf.name == "cpu"
-        #: on the CPU emulation with every peer in this process, what the peers reach is this
-        #: process's memory, taken by address: nothing exported, named or mapped (GPUs of one
-        #: process still export IPC memory)
-        self.private = bool(in_process) and self.shared_flags
+        #: with every peer in this process (the CPU emulation's or a GPU's), what the peers reach
+        #: is this process's memory, taken by address: nothing exported, named or mapped (peer
+        #: memory, :meth:`Platform.malloc_peer`; GPUs of one process reach each other's through
+        #: peer access), so that FIFOs can be allocated anew while no kernel runs
+        self.private = bool(in_process)
         self.flags_ptr = self.abort = self.error = None
 
     def exported(self, n: int) -> int:

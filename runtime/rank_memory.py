@@ -16,7 +16,7 @@ one rank and reaches its peers through its bootstrap. Both launch a call through
    at most the slot; an algorithm-level program refuses a slice that cuts its chunks.
    **Slot capacity** (:func:`call_slot_capacity`, ``hccc_args::slot_cap``): the Runner's launch
    uses the least slot that holds a slice of each chunk of the call's largest message (its FIFOs
-   follow it, :meth:`~hccc.runtime.rank_group.RankGroup.fit_fifos`); a Communicator's, the slot of
+   follow it, :meth:`~hccc.runtime.local_job.LocalJob.fit_fifos`); a Communicator's, the slot of
    its per-connection budget (:func:`fifo_budget_bytes`), fixed when its FIFOs were exported.
 3. **LL epoch** (:class:`~hccc.runtime.ll_epoch.LLEpochs` from the call's bound on messages per
    connection, :func:`~hccc.runtime.ll_epoch.ll_messages_bound`): asked once per launch; it says
@@ -352,7 +352,7 @@ class RankMemory:
     def __init__(self, plan: RankPlan, platform: Platform, malloc, malloc_local=None,
                  malloc_orphan=None):
         self.plan, self.platform = plan, platform
-        #: every pointer this rank's memory allocated (what :meth:`GroupMemory.refit` frees)
+        #: every pointer this rank's memory allocated (what a reallocation of its FIFOs frees)
         self.allocations: list[int] = []
 
         def kept(alloc):

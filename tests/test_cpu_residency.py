@@ -27,7 +27,6 @@ from hccc.compiler.ir.block_waits import residency_hazards
 from hccc.compiler.backend.abi import NSLOTS
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.channels import with_channels
-from hccc.runtime import rank_kernels
 from hccc.runtime.cpu import CpuPlatform, residency_limit, worker_count
 from hccc.runtime.launcher import Runner
 from hccc.runtime.platform import PlatformError
@@ -276,7 +275,7 @@ def test_forced_past_the_refusal_the_emulation_finds_the_wait(monkeypatch):
     """Partial residency left unchecked: block 0 of every rank waits on block 2, which is never
     admitted while block 0 holds the one place; the run sticks and the report names the block."""
     from hccc.runtime import local_job, process_rank
-    for refusing in (rank_kernels, local_job, process_rank):     # every launcher's refusal
+    for refusing in (local_job, process_rank):     # the job's refusal and every rank's
         monkeypatch.setattr(refusing, "check_rank_residency", lambda *a, **k: None)
     ir = ring_allgather(3)
     ir.chunk_bytes = 32

@@ -172,7 +172,7 @@ def test_every_code_name_occurs_in_the_source():
 
 
 def test_every_module_is_on_the_map():
-    """Every module of the tree is named on the page, by its file (``runtime/rank_group.py``,
+    """Every module of the tree is named on the page, by its file (``runtime/local_job.py``,
     ``cuda.py``) or its import name (``hccc.testing``); the subcommands are named by their pattern,
     ``driver/commands/<name>.py``. A new module gets its line on the map."""
     named = {n.rpartition("/")[2] for n in file_names(PAGE_TEXT)}

@@ -18,6 +18,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -594,7 +595,7 @@ class FakeCuda:
     def __init__(self, ndev=1, sms=4, per_sm=2, clock_khz=1_500_000, peer=None):
         self.ndev, self.sms, self.per_sm, self.clock = ndev, sms, per_sm, clock_khz
         self.peer = peer or (lambda a, b: True)
-        self.dev = 0
+        self._tls = threading.local()     # the current device is per thread, as the runtime's
         self.mem: dict[int, tuple[int, bytearray]] = {}
         self.next = 1 << 32
         self.log: list[tuple] = []
@@ -615,8 +616,12 @@ class FakeCuda:
     def getDeviceCount(self):
         return self.ndev
 
+    @property
+    def dev(self):
+        return getattr(self._tls, "dev", 0)
+
     def setDevice(self, d):
-        self.dev = d
+        self._tls.dev = d
 
     def getDevice(self):
         return self.dev
@@ -738,7 +743,7 @@ class FakeCudaPlatform(cuda.CudaPlatform):
 
 
 #: every call and constant of the runtime/driver modules the CUDA platform uses
-API = sorted(n for n in vars(FakeCuda) if not n.startswith("_"))
+API = sorted(n for n, v in vars(FakeCuda).items() if not n.startswith("_") and not isinstance(v, property))
 
 
 def test_hip_api_offers_every_call_the_cuda_platform_makes():
