@@ -49,7 +49,7 @@ from hccc.compiler.synth.balancing import _repair
 from hccc.compiler.synth.packing import PackOptions
 from hccc.compiler.synth.packing_lp import LP_TOL, _column_generation, _columns, _initial_columns
 from hccc.compiler.synth.problem import Network
-from hccc.compiler.synth.rounding import _round_counts
+from hccc.compiler.synth.rounding import ROUND_TOL, _round_counts
 from hccc.compiler.synth.tree_rows import _depths, _reduce_steps
 from hccc.util import clock
 
@@ -266,11 +266,15 @@ class RootTreeProgram:
     seconds_per_byte: float
     #: what the deadline left undone while this root count's program was made (empty: nothing)
     cut: list = field(default_factory=list)
+    #: whether its trees are the integral packing at its stream count (:mod:`.root_branchings`),
+    #: not a rounding of the LP's
+    integral: bool = False
 
     @property
     def detail(self) -> dict:
         return {"roots": self.roots.tolist(), "streams_per_root": self.streams, "chunks_per_stream": self.per_stream,
-                "ends_share": self.ends_share, "link_model_seconds_per_byte": self.seconds_per_byte}
+                "ends_share": self.ends_share, "link_model_seconds_per_byte": self.seconds_per_byte,
+                "integral": self.integral}
 
 
 def chunks_for(nranks: int, roots: int, streams: int) -> int:
@@ -301,8 +305,15 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
     (None: every rounding is accepted), until :data:`REFUSED_STREAMS` stream counts in a row are
     refused by all of them. Per root count the accepted program fastest in the link model is a
     candidate."""
+    from hccc.compiler.synth.packing import _resources
+
     n = net.nranks
+    cap = _resources(net, np.asarray(net.bw if pair_bw is None else pair_bw, float))
     made, why = [], []
+    # an integral packing at the LP's time made for fewer roots: more roots' integral packings can
+    # only tie it in the link model, and their programs (more trees, fewer chunk ids a stream) are
+    # not sought (64 GPUs, 8 roots: 100 s of cut rounds without an integral point)
+    reached = False
     for k in root_counts:
         if k >= n:
             continue
@@ -318,7 +329,7 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
             continue
         busiest = float(tree_ends(lps[0]).max())
         shares = (None,) + ENDS_SHARES
-        best, refused = None, 0
+        best, refused, integral_done = None, 0, False
         for s in STREAMS:
             kc = chunks_for(n, k, s)
             if not kc:
@@ -348,10 +359,21 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
                             counts, rows = better, rows2
                     got = RootTreeProgram(rows, kc, roots, s, b, share, rounded_time(rt, counts, s) / k)
                     break
+            exact = None
+            if not integral_done and not reached and (got is None or got.seconds_per_byte * k > lps[0].lp_time * (1 + ROUND_TOL)):
+                if clock.now() >= deadline:
+                    cut.append(f"{k} roots, {s} streams: the integral packing not tried")
+                else:
+                    exact = _integral_program(net, lps[0], s, cap, deadline=deadline, engine=engine, kc=kc, b=b)
+            if exact is not None and (got is None or exact.seconds_per_byte < got.seconds_per_byte * (1 - 1e-9)):
+                got = exact
+                # the fewest streams whose integral packing reaches the LP: more cannot be faster
+                # in the link model, and cost thread blocks and pipelining (fewer chunk ids a stream)
+                integral_done = exact.seconds_per_byte * k <= lps[0].lp_time * (1 + ROUND_TOL)
             refused = 0 if got is not None else refused + 1
             if got is not None and (best is None or got.seconds_per_byte < best.seconds_per_byte * (1 - 1e-9)):
                 best = got
-            if refused >= REFUSED_STREAMS:
+            if refused >= REFUSED_STREAMS or integral_done:
                 break
             if clock.now() > deadline:
                 if s != STREAMS[-1]:
@@ -362,9 +384,38 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
                        f"{k} roots: {'the engine refuses' if engine is not None else 'no rounding of'} every stream count")
             continue
         best.cut = cut
+        reached = reached or integral_done
         made.append(best)
     made.sort(key=lambda p: p.seconds_per_byte)
     return made, why
+
+
+def _integral_program(net: Network, rt: RootTrees, streams: int, cap: np.ndarray, *, deadline: float, engine,
+                      kc: int, b: int) -> RootTreeProgram | None:
+    """The integral packing of ``streams`` streams per root over the pairs of ``rt``'s trees
+    (:func:`.root_branchings.integral_root_trees`) as a program ``engine`` accepts (None: any): as
+    packed, else with every rank's connection ends capped at each share of :data:`ENDS_SHARES` of
+    the busiest rank's in the refused packing; None where none is found or accepted."""
+    from hccc.compiler.synth.root_branchings import integral_root_trees
+
+    k = rt.roots.size
+    ends, busiest = None, None
+    for share in (None,) + ENDS_SHARES:
+        if share is not None:
+            if clock.now() >= deadline:
+                return None
+            ends = np.full(rt.nranks, np.floor(busiest * share))
+        got = integral_root_trees(net, rt, streams, cap, deadline=deadline, ends=ends)
+        if got is None:
+            return None
+        it, counts = got
+        rows = root_tree_rows(it, counts, b)
+        if engine is None or engine(rows) is None:
+            return RootTreeProgram(rows, kc, rt.roots, streams, b, share, rounded_time(it, counts, streams) / k,
+                                   integral=True)
+        if busiest is None:
+            busiest = float((tree_ends(it) * streams).max())
+    return None
 
 
 def root_tree_candidates(topo, *, deadline: float, engine=None) -> tuple[list, list]:
