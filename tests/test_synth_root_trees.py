@@ -324,3 +324,33 @@ def test_a_root_set_cut_short_is_found():
         for z in found:
             entering = mult[np.ix_(np.flatnonzero(~z), np.flatnonzero(z))].sum()
             assert entering < k * int((~z[roots]).sum())
+
+
+@pytest.mark.slow
+def test_the_64_gpu_held_out_cluster_packs_two_roots_integrally_at_the_lp():
+    """ho_8x8_switch (benchmarks/synth_engines.py), where the LP's 2-root packing rounds to 0.50 of
+    the LP at 2 streams: the integral packing at 2 streams reaches the LP (its time recounted from
+    its trees), and the candidates the MSCCL executor's check accepts include it."""
+    import sys
+
+    from hccc.compiler.cluster.topo_parser import parse_topology
+    from hccc.compiler.synth.packing import _resources
+    from hccc.compiler.synth import root_branchings as rb
+    from hccc.synth_engines import transfers_check
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synth_engines import held_out
+
+    topo = parse_topology(held_out()["ho_8x8_switch"], "ho_8x8_switch")
+    net = network_from_topology(topo)
+    bw = pair_bandwidth(topo)
+    cap = _resources(net, bw)
+    rt = rt_mod.pack_root_trees(net, rt_mod.spread_roots(net, 2), pair_bw=bw, deadline=clock.now() + 120)
+    rounded = rt_mod.round_root_trees(rt, 2)
+    assert rt_mod.rounded_time(rt, rounded, 2) > 1.5 * rt.lp_time
+    it, counts = rb.integral_root_trees(net, rt, 2, cap, deadline=clock.now() + 300)
+    t = _recounted_time(net, cap, [(r, rev, par, int(c)) for (r, rev, par), c in zip(it.trees, counts)], 2)
+    assert t <= rt.lp_time * (1 + 5e-3)
+    made, _ = rt_mod.root_tree_programs(net, pair_bw=bw, deadline=clock.now() + 600, engine=transfers_check("xml", topo),
+                                        root_counts=(2,))
+    assert made and made[0].integral and made[0].seconds_per_byte * 2 <= rt.lp_time * (1 + 5e-3)

@@ -23,7 +23,13 @@ schedule (:func:`.bounds.allreduce_bound_seconds`).
 to ``S`` by largest remainders and repaired (:func:`.rounding._round_counts`,
 :func:`.balancing._repair`, the AllGather packing's own), and where that misses the LP and an
 engine accepts it, by the packing's MILP over the same trees where faster
-(:func:`milp_rounding`), so a stream follows one in-tree and one out-tree of its root.
+(:func:`milp_rounding`), so a stream follows one in-tree and one out-tree of its root. Where that
+still misses the LP by more than :data:`.rounding.ROUND_TOL`, or the engine refuses it, the trees
+are packed integrally at ``S`` (:mod:`.root_branchings`: arc multiplicities meeting Edmonds' cut
+condition for the roots, then trees grown from them; :func:`_integral_program`), kept where
+faster: the LP's trees are many and light on large clusters (64 GPUs, 2 roots: 53 trees, none
+above 0.28 of its root's data) and round to 0.50, 0.67 and 0.83 of the LP at 2, 4 and 5 streams,
+where the integral packing at 2 streams reaches the LP.
 
 **Rows.** Chunk id ``c`` of root ``r`` is reduced up its in-tree (``rrc``: a rank's children
 reduce into it at distinct steps, :func:`.tree_rows._reduce_steps`), then broadcast down its
@@ -34,7 +40,9 @@ out-tree (``recv``) from the step after the last reduction of the program. Chunk
 **Candidates** (:func:`root_tree_programs`): for each root count of :data:`ROOT_COUNTS`, the
 stream counts of :data:`STREAMS`, kept where the engine's check (``engine``,
 :func:`hccc.synth_engines.transfers_check`) accepts the rows; where it refuses them, the LP again
-with every rank's connection ends capped (:func:`with_end_groups`). The selection
+with every rank's connection ends capped (:func:`with_end_groups`), and the integral packing with
+them capped. The stream counts stop at the first whose integral packing reaches the LP, and a
+root count after one whose did seeks no integral packing (it can only tie in the link model). The selection
 (``driver/synth_select.py``) simulates the candidates beside every other program and keeps the
 fastest.
 """
@@ -365,6 +373,8 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
                     cut.append(f"{k} roots, {s} streams: the integral packing not tried")
                 else:
                     exact = _integral_program(net, lps[0], s, cap, deadline=deadline, engine=engine, kc=kc, b=b)
+                    if exact is None and clock.now() >= deadline:
+                        cut.append(f"{k} roots, {s} streams: the integral packing cut short")
             if exact is not None and (got is None or exact.seconds_per_byte < got.seconds_per_byte * (1 - 1e-9)):
                 got = exact
                 # the fewest streams whose integral packing reaches the LP: more cannot be faster
