@@ -108,15 +108,17 @@ def short_root_sets(n: int, src: np.ndarray, dst: np.ndarray, mult: np.ndarray, 
 
 
 def root_arcs(net: Network, roots, k: int, cap: np.ndarray, support: tuple[np.ndarray, np.ndarray], *,
-              deadline: float, ends: np.ndarray | None = None,
-              pair_most: int | None = None) -> tuple[float, np.ndarray, np.ndarray] | None:
+              deadline: float, ends: np.ndarray | None = None, pair_most: int | None = None,
+              sets: list | None = None) -> tuple[float, np.ndarray, np.ndarray] | None:
     """Step 1 of the module docstring: ``(time, out_mult, in_mult)``, the least time (seconds per
     byte of a root's share, the most loaded resource's) of ``k`` out-trees and ``k`` in-trees per
     root of ``roots`` and their arc multiplicities (``(m, 3)`` arrays ``src, dst, count``), or
     None where no integral point was found within the counts (or ``deadline``). ``cap``: the
     resources' capacities (pairs then groups, bytes/s); ``support``: the ``(src, dst)`` arcs each
     direction may use (out-trees', in-trees': child -> parent); ``ends``: the most arcs at each
-    rank, both directions together; ``pair_most``: the most streams on one pair."""
+    rank, both directions together; ``pair_most``: the most streams on one pair; ``sets``: the cut
+    conditions known so far (rank masks, whatever ``k``: those found here are appended, so that the
+    caller can pass them on to another stream count of the same roots)."""
     from scipy import sparse
     from scipy.optimize import Bounds, LinearConstraint, milp
 
@@ -159,7 +161,10 @@ def root_arcs(net: Network, roots, k: int, cap: np.ndarray, support: tuple[np.nd
     c[V] = 1.0
     ub = np.r_[np.full(V, k * roots.size, float), np.inf]
     integrality = np.r_[np.ones(V), 0.0]
-    sets = _first_sets(net, roots)
+    if sets is None:
+        sets = []
+    if not sets:
+        sets += _first_sets(net, roots)
     is_in = np.arange(V) >= m0
     for _ in range(ARC_ROUNDS):
         left = deadline - clock.now()
@@ -218,19 +223,19 @@ def root_branchings(net: Network, roots, k: int, out_mult: np.ndarray, in_mult: 
 
 
 def integral_root_trees(net: Network, rt, k: int, cap: np.ndarray, *, deadline: float,
-                        ends: np.ndarray | None = None) -> tuple[object, np.ndarray] | None:
+                        ends: np.ndarray | None = None, sets: list | None = None) -> tuple[object, np.ndarray] | None:
     """``k`` streams per root and direction packed exactly over the pairs the fractional packing
     ``rt`` (a :class:`.root_trees.RootTrees`) uses (the module docstring): a ``RootTrees`` of the
     integral trees (weights their copies over ``k``, loads counted from their pairs) and the streams
     of every tree, or None where no packing was found within the counts (or ``deadline``).
     ``cap``: the resources' capacities (pairs then groups, bytes/s); ``ends``: the most arcs at
-    each rank (connection ends)."""
+    each rank (connection ends); ``sets``: cut conditions known so far (:func:`root_arcs`)."""
     from hccc.compiler.synth.packing import _tree_column
     from hccc.compiler.synth.root_trees import RootTrees
 
     n = net.nranks
     sup = (_support(n, rt.trees, False), _support(n, rt.trees, True))
-    got = root_arcs(net, rt.roots, k, cap, sup, deadline=deadline, ends=ends)
+    got = root_arcs(net, rt.roots, k, cap, sup, deadline=deadline, ends=ends, sets=sets)
     if got is None:
         return None
     trees = root_branchings(net, rt.roots, k, got[1], got[2], deadline=deadline)

@@ -41,8 +41,9 @@ out-tree (``recv``) from the step after the last reduction of the program. Chunk
 stream counts of :data:`STREAMS`, kept where the engine's check (``engine``,
 :func:`hccc.synth_engines.transfers_check`) accepts the rows; where it refuses them, the LP again
 with every rank's connection ends capped (:func:`with_end_groups`), and the integral packing with
-them capped. The stream counts stop at the first whose integral packing reaches the LP, and a
-root count after one whose did seeks no integral packing (it can only tie in the link model). The selection
+them capped, for at most :data:`INTEGRAL_COUNTS` stream counts a root count. The stream counts
+stop at the first whose integral packing comes within :data:`INTEGRAL_TOL` of the LP, and a root
+count after one whose did seeks no integral packing. The selection
 (``driver/synth_select.py``) simulates the candidates beside every other program and keeps the
 fastest.
 """
@@ -86,6 +87,14 @@ REFUSED_STREAMS = 2
 #: capped, accepted at 0.926, 0.904 simulated; the table's run wrote 8 roots of 2 streams at 0.85:
 #: 0.945. Each share costs an LP per root count, about half a second on 24 GPUs under load)
 ENDS_SHARES = (0.9, 0.85, 0.8)
+#: how near the LP an integral packing (:mod:`.root_branchings`) must come for no more stream
+#: counts (and no more root counts) to be packed integrally: ho_3x8_switch, 2 roots at 4 streams:
+#: 0.980 of the AllReduce bound in the link model, 0.930 simulated; every further count's program
+#: cost seconds of cut rounds under the synthesis's limit and left the roots' trees unsimulated
+INTEGRAL_TOL = 0.03
+#: the most stream counts of one root count packed integrally (each a mixed-integer program with
+#: rounds of cuts: on 24 GPUs with 8 roots, tens of seconds)
+INTEGRAL_COUNTS = 3
 
 
 @dataclass
@@ -318,9 +327,9 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
     n = net.nranks
     cap = _resources(net, np.asarray(net.bw if pair_bw is None else pair_bw, float))
     made, why = [], []
-    # an integral packing at the LP's time made for fewer roots: more roots' integral packings can
-    # only tie it in the link model, and their programs (more trees, fewer chunk ids a stream) are
-    # not sought (64 GPUs, 8 roots: 100 s of cut rounds without an integral point)
+    # an integral packing near the LP's time made for fewer roots (INTEGRAL_TOL): more roots'
+    # integral packings could gain little in the link model, and are not sought (64 GPUs, 8 roots:
+    # 100 s of cut rounds without an integral point)
     reached = False
     for k in root_counts:
         if k >= n:
@@ -337,7 +346,8 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
             continue
         busiest = float(tree_ends(lps[0]).max())
         shares = (None,) + ENDS_SHARES
-        best, refused, integral_done = None, 0, False
+        best, refused, integral_done, tried = None, 0, False, 0
+        cut_sets: list = []         # the cut conditions the integral packings of these roots found
         for s in STREAMS:
             kc = chunks_for(n, k, s)
             if not kc:
@@ -368,18 +378,20 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
                     got = RootTreeProgram(rows, kc, roots, s, b, share, rounded_time(rt, counts, s) / k)
                     break
             exact = None
-            if not integral_done and not reached and (got is None or got.seconds_per_byte * k > lps[0].lp_time * (1 + ROUND_TOL)):
+            if tried < INTEGRAL_COUNTS and not reached and (got is None or got.seconds_per_byte * k > lps[0].lp_time * (1 + ROUND_TOL)):
                 if clock.now() >= deadline:
                     cut.append(f"{k} roots, {s} streams: the integral packing not tried")
                 else:
-                    exact = _integral_program(net, lps[0], s, cap, deadline=deadline, engine=engine, kc=kc, b=b)
+                    tried += 1
+                    exact = _integral_program(net, lps[0], s, cap, deadline=deadline, engine=engine, kc=kc, b=b,
+                                              sets=cut_sets)
                     if exact is None and clock.now() >= deadline:
                         cut.append(f"{k} roots, {s} streams: the integral packing cut short")
             if exact is not None and (got is None or exact.seconds_per_byte < got.seconds_per_byte * (1 - 1e-9)):
                 got = exact
-                # the fewest streams whose integral packing reaches the LP: more cannot be faster
-                # in the link model, and cost thread blocks and pipelining (fewer chunk ids a stream)
-                integral_done = exact.seconds_per_byte * k <= lps[0].lp_time * (1 + ROUND_TOL)
+                # the fewest streams whose integral packing comes near the LP: more cost thread
+                # blocks, fewer chunk ids a stream, and the time of their programs (INTEGRAL_TOL)
+                integral_done = exact.seconds_per_byte * k <= lps[0].lp_time * (1 + INTEGRAL_TOL)
             refused = 0 if got is not None else refused + 1
             if got is not None and (best is None or got.seconds_per_byte < best.seconds_per_byte * (1 - 1e-9)):
                 best = got
@@ -401,11 +413,12 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
 
 
 def _integral_program(net: Network, rt: RootTrees, streams: int, cap: np.ndarray, *, deadline: float, engine,
-                      kc: int, b: int) -> RootTreeProgram | None:
+                      kc: int, b: int, sets: list) -> RootTreeProgram | None:
     """The integral packing of ``streams`` streams per root over the pairs of ``rt``'s trees
     (:func:`.root_branchings.integral_root_trees`) as a program ``engine`` accepts (None: any): as
     packed, else with every rank's connection ends capped at each share of :data:`ENDS_SHARES` of
-    the busiest rank's in the refused packing; None where none is found or accepted."""
+    the busiest rank's in the refused packing; None where none is found or accepted. ``sets``: the
+    cut conditions found for these roots so far, passed on (:func:`.root_branchings.root_arcs`)."""
     from hccc.compiler.synth.root_branchings import integral_root_trees
 
     k = rt.roots.size
@@ -415,7 +428,7 @@ def _integral_program(net: Network, rt: RootTrees, streams: int, cap: np.ndarray
             if clock.now() >= deadline:
                 return None
             ends = np.full(rt.nranks, np.floor(busiest * share))
-        got = integral_root_trees(net, rt, streams, cap, deadline=deadline, ends=ends)
+        got = integral_root_trees(net, rt, streams, cap, deadline=deadline, ends=ends, sets=sets)
         if got is None:
             return None
         it, counts = got
@@ -463,5 +476,5 @@ def root_tree_candidates(topo, *, deadline: float, engine=None) -> tuple[list, l
     return out, why
 
 
-__all__ = ["root_tree_candidates", "CHUNKS_PER_RANK", "ENDS_SHARES", "REFUSED_STREAMS", "STREAMS", "chunks_for", "milp_rounding", "tree_ends", "with_end_groups", "ROOT_COUNTS", "RootTreeProgram", "RootTrees", "pack_root_trees",
+__all__ = ["root_tree_candidates", "CHUNKS_PER_RANK", "ENDS_SHARES", "INTEGRAL_COUNTS", "INTEGRAL_TOL", "REFUSED_STREAMS", "STREAMS", "chunks_for", "milp_rounding", "tree_ends", "with_end_groups", "ROOT_COUNTS", "RootTreeProgram", "RootTrees", "pack_root_trees",
            "root_tree_programs", "root_tree_rows", "round_root_trees", "rounded_time", "spread_roots"]
