@@ -273,9 +273,17 @@ def test_integral_trees_span_and_their_loads_are_the_programs(topo, k, streams, 
             return
         ends = np.full(n, float(max(2 * streams * roots.size, int((rt_mod.tree_ends(free[0]) * streams).max()) - 1)))
     sup = (rb._support(n, rt.trees, False), rb._support(n, rt.trees, True))
-    arcs = rb.root_arcs(net, roots, streams, cap, sup, deadline=clock.now() + 60, ends=ends)
+    known: list = []
+    arcs = rb.root_arcs(net, roots, streams, cap, sup, deadline=clock.now() + 60, ends=ends, sets=known)
     if arcs is None:
         return
+    # the cut conditions found are passed on to another stream count: its trees exist too, and
+    # its time is its trees' (recounted)
+    more = rb.root_arcs(net, roots, streams + 1, cap, sup, deadline=clock.now() + 60, sets=known)
+    if more is not None:
+        grown = rb.root_branchings(net, roots, streams + 1, more[1], more[2], deadline=clock.now() + 60)
+        assert grown is not None
+        assert _recounted_time(net, cap, grown, streams + 1) == pytest.approx(more[0], rel=1e-9)
     trees = rb.root_branchings(net, roots, streams, arcs[1], arcs[2], deadline=clock.now() + 60)
     assert trees is not None            # the multiplicities meet the cut conditions: trees exist
     per = {}
@@ -354,3 +362,41 @@ def test_the_64_gpu_held_out_cluster_packs_two_roots_integrally_at_the_lp():
     made, _ = rt_mod.root_tree_programs(net, pair_bw=bw, deadline=clock.now() + 600, engine=transfers_check("xml", topo),
                                         root_counts=(2,))
     assert made and made[0].integral and made[0].seconds_per_byte * 2 <= rt.lp_time * (1 + 5e-3)
+
+
+def test_the_integral_trees_are_the_same_under_load():
+    """ho_4x4_mixed (benchmarks/synth_engines.py), where the 2 roots' trees are packed integrally:
+    the candidates made alone and with a busy thread beside them are the same bytes (the
+    packing's work is counted in nodes and rounds, not seconds)."""
+    import sys
+    import threading
+
+    from hccc.compiler.cluster.topo_parser import parse_topology
+    from hccc.synth_engines import transfers_check
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synth_engines import held_out
+
+    topo = parse_topology(held_out()["ho_4x4_mixed"], "ho_4x4_mixed")
+    net = network_from_topology(topo)
+
+    def made():
+        got, _ = rt_mod.root_tree_programs(net, pair_bw=pair_bandwidth(topo), deadline=clock.now() + 300,
+                                           engine=transfers_check("xml", topo), root_counts=(2,))
+        return [(p.rows.tobytes(), p.streams, p.integral) for p in got]
+    alone = made()
+    stop = threading.Event()
+
+    def busy():
+        x = 0
+        while not stop.is_set():
+            x = (x * 31 + 7) % 1000003
+    t = threading.Thread(target=busy)
+    t.start()
+    try:
+        loaded = made()
+    finally:
+        stop.set()
+        t.join()
+    assert alone == loaded
+    assert any(integral for _, _, integral in alone)
