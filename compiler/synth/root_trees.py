@@ -320,8 +320,10 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
     :func:`pack_root_trees`' ``ends``), each made once; then for every stream count per root of
     :data:`STREAMS`, fewest first, the first of those LPs whose rounding ``engine(rows)`` accepts
     (None: every rounding is accepted), until :data:`REFUSED_STREAMS` stream counts in a row are
-    refused by all of them. Per root count the accepted program fastest in the link model is a
-    candidate."""
+    refused by all of them. Where a stream count's rounding misses the LP by more than
+    :data:`.rounding.ROUND_TOL` or is refused, its integral packing too (:func:`_integral_program`,
+    at most :data:`INTEGRAL_COUNTS` counts a root count, stopping within :data:`INTEGRAL_TOL` of the
+    LP). Per root count the accepted program fastest in the link model is a candidate."""
     from hccc.compiler.synth.packing import _resources
 
     n = net.nranks
@@ -378,7 +380,8 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
                     got = RootTreeProgram(rows, kc, roots, s, b, share, rounded_time(rt, counts, s) / k)
                     break
             exact = None
-            if tried < INTEGRAL_COUNTS and not reached and (got is None or got.seconds_per_byte * k > lps[0].lp_time * (1 + ROUND_TOL)):
+            short = got is None or got.seconds_per_byte * k > lps[0].lp_time * (1 + ROUND_TOL)
+            if tried < INTEGRAL_COUNTS and not reached and short:
                 if clock.now() >= deadline:
                     cut.append(f"{k} roots, {s} streams: the integral packing not tried")
                 else:
