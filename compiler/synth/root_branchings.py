@@ -18,8 +18,7 @@ generalised to a set of roots and to in-trees:
    shared group's streams within ``S cap T``, the cut conditions (the singletons, their
    complements and the machine nodes first, then every set a maximum flow finds short, until none
    is). The engine's limits are rows of it: at most ``ends[v]`` arcs at rank ``v`` (a connection
-   end each: a thread block of the engines), at most ``pair_most`` streams on a pair (a channel
-   each). Only the pairs the LP's trees use in that direction are variables: the LP's fractional
+   end each: a thread block of the engines). Only the pairs the LP's trees use in that direction are variables: the LP's fractional
    packing restricted to them is a point of the program's relaxation, so the program is as tight
    as the LP there and far smaller than over every pair (64 GPUs, 2 roots: 1,005 variables, not
    8,064).
@@ -108,15 +107,14 @@ def short_root_sets(n: int, src: np.ndarray, dst: np.ndarray, mult: np.ndarray, 
 
 
 def root_arcs(net: Network, roots, k: int, cap: np.ndarray, support: tuple[np.ndarray, np.ndarray], *,
-              deadline: float, ends: np.ndarray | None = None, pair_most: int | None = None,
-              sets: list | None = None) -> tuple[float, np.ndarray, np.ndarray] | None:
+              deadline: float, ends: np.ndarray | None = None, sets: list | None = None) -> tuple[float, np.ndarray, np.ndarray] | None:
     """Step 1 of the module docstring: ``(time, out_mult, in_mult)``, the least time (seconds per
     byte of a root's share, the most loaded resource's) of ``k`` out-trees and ``k`` in-trees per
     root of ``roots`` and their arc multiplicities (``(m, 3)`` arrays ``src, dst, count``), or
     None where no integral point was found within the counts (or ``deadline``). ``cap``: the
     resources' capacities (pairs then groups, bytes/s); ``support``: the ``(src, dst)`` arcs each
     direction may use (out-trees', in-trees': child -> parent); ``ends``: the most arcs at each
-    rank, both directions together; ``pair_most``: the most streams on one pair; ``sets``: the cut
+    rank, both directions together; ``sets``: the cut
     conditions known so far (rank masks, whatever ``k``: those found here are appended, so that the
     caller can pass them on to another stream count of the same roots)."""
     from scipy import sparse
@@ -154,9 +152,6 @@ def root_arcs(net: Network, roots, k: int, cap: np.ndarray, support: tuple[np.nd
         at = sparse.csr_matrix((np.ones(2 * V), (np.r_[src, dst], np.r_[np.arange(V), np.arange(V)])), shape=(n, V))
         cons.append(LinearConstraint(sparse.hstack([at, sparse.csr_matrix((n, 1))]).tocsr(), -np.inf,
                                      np.asarray(ends, float)))
-    if pair_most is not None:
-        cons.append(LinearConstraint(sparse.hstack([on_pair, sparse.csr_matrix((P, 1))]).tocsr(), -np.inf,
-                                     float(pair_most)))
     c = np.zeros(V + 1)
     c[V] = 1.0
     ub = np.r_[np.full(V, k * roots.size, float), np.inf]
