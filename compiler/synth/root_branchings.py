@@ -18,10 +18,10 @@ generalised to a set of roots and to in-trees:
    shared group's streams within ``S cap T``, the cut conditions (the singletons, their
    complements and the machine nodes first, then every set a maximum flow finds short, until none
    is). The engine's limits are rows of it: at most ``ends[v]`` arcs at rank ``v`` (a connection
-   end each: a thread block of the engines). Only the pairs the LP's trees use in that direction are variables: the LP's fractional
-   packing restricted to them is a point of the program's relaxation, so the program is as tight
-   as the LP there and far smaller than over every pair (64 GPUs, 2 roots: 1,005 variables, not
-   8,064).
+   end each: a thread block of the engines). Only the pairs the LP's trees use in that direction
+   are variables: the LP's packing, its arcs' weights times ``S``, is a point of the program's
+   relaxation, so the relaxation reaches the LP's time there, and the program is far smaller than
+   over every pair (64 GPUs, 2 roots: 1,005 variables, not 8,064).
 2. **The trees**: :func:`.branchings.branchings` grows them from each multigraph (of the roots, on
    the transposed multigraph for the in-trees), and :func:`.exchanges.shallower` makes them
    shallower keeping every arc's multiplicity.
