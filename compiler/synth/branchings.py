@@ -265,14 +265,14 @@ def _others(n: int, big: int, others: list[int], spans: list, copies: list) -> t
 
 def branchings(n: int, arcs: np.ndarray, k: int, deadline: float,
                root: int | None = None) -> list[tuple[int, np.ndarray, int]] | None:
-    """``k`` spanning out-trees rooted at every rank (at ``root`` alone, where given) inside the
-    multigraph ``arcs[u, v]`` (arc multiplicities meeting the cut conditions of the module
-    docstring) as ``(root, parents, copies)``, the copies of a root summing to ``k`` (step 2 of the
-    module docstring); None where ``deadline`` passes first."""
+    """``k`` spanning out-trees rooted at every rank (at ``root`` alone, where given: a rank or a
+    sequence of ranks) inside the multigraph ``arcs[u, v]`` (arc multiplicities meeting the cut
+    conditions of the module docstring) as ``(root, parents, copies)``, the copies of a root
+    summing to ``k`` (step 2 of the module docstring); None where ``deadline`` passes first."""
     left_arcs = np.array(arcs, np.int64, copy=True)
     big = k * n + 1
     roots, spans, parents, copies = [], [], [], []
-    for r in (range(n) if root is None else [int(root)]):
+    for r in (range(n) if root is None else np.atleast_1d(np.asarray(root, np.int64)).tolist()):
         roots.append(r)
         z = np.zeros(n, bool)
         z[r] = True

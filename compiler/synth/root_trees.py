@@ -23,7 +23,13 @@ schedule (:func:`.bounds.allreduce_bound_seconds`).
 to ``S`` by largest remainders and repaired (:func:`.rounding._round_counts`,
 :func:`.balancing._repair`, the AllGather packing's own), and where that misses the LP and an
 engine accepts it, by the packing's MILP over the same trees where faster
-(:func:`milp_rounding`), so a stream follows one in-tree and one out-tree of its root.
+(:func:`milp_rounding`), so a stream follows one in-tree and one out-tree of its root. Where that
+still misses the LP by more than :data:`.rounding.ROUND_TOL`, or the engine refuses it, the trees
+are packed integrally at ``S`` (:mod:`.root_branchings`: arc multiplicities meeting Edmonds' cut
+condition for the roots, then trees grown from them; :func:`_integral_program`), kept where
+faster: the LP's trees are many and light on large clusters (64 GPUs, 2 roots: 53 trees, none
+above 0.28 of its root's data) and round to 0.50, 0.67 and 0.83 of the LP at 2, 4 and 5 streams,
+where the integral packing at 2 streams reaches the LP.
 
 **Rows.** Chunk id ``c`` of root ``r`` is reduced up its in-tree (``rrc``: a rank's children
 reduce into it at distinct steps, :func:`.tree_rows._reduce_steps`), then broadcast down its
@@ -34,7 +40,10 @@ out-tree (``recv``) from the step after the last reduction of the program. Chunk
 **Candidates** (:func:`root_tree_programs`): for each root count of :data:`ROOT_COUNTS`, the
 stream counts of :data:`STREAMS`, kept where the engine's check (``engine``,
 :func:`hccc.synth_engines.transfers_check`) accepts the rows; where it refuses them, the LP again
-with every rank's connection ends capped (:func:`with_end_groups`). The selection
+with every rank's connection ends capped (:func:`with_end_groups`), and the integral packing with
+them capped, for at most :data:`INTEGRAL_COUNTS` stream counts a root count. The stream counts
+stop at the first whose integral packing comes within :data:`INTEGRAL_TOL` of the LP, and a root
+count after one whose did seeks no integral packing. The selection
 (``driver/synth_select.py``) simulates the candidates beside every other program and keeps the
 fastest.
 """
@@ -49,7 +58,7 @@ from hccc.compiler.synth.balancing import _repair
 from hccc.compiler.synth.packing import PackOptions
 from hccc.compiler.synth.packing_lp import LP_TOL, _column_generation, _columns, _initial_columns
 from hccc.compiler.synth.problem import Network
-from hccc.compiler.synth.rounding import _round_counts
+from hccc.compiler.synth.rounding import ROUND_TOL, _round_counts
 from hccc.compiler.synth.tree_rows import _depths, _reduce_steps
 from hccc.util import clock
 
@@ -78,6 +87,14 @@ REFUSED_STREAMS = 2
 #: capped, accepted at 0.926, 0.904 simulated; the table's run wrote 8 roots of 2 streams at 0.85:
 #: 0.945. Each share costs an LP per root count, about half a second on 24 GPUs under load)
 ENDS_SHARES = (0.9, 0.85, 0.8)
+#: how near the LP an integral packing (:mod:`.root_branchings`) must come for no more stream
+#: counts (and no more root counts) to be packed integrally: ho_3x8_switch, 2 roots at 4 streams:
+#: 0.980 of the AllReduce bound in the link model, 0.930 simulated; every further count's program
+#: cost seconds of cut rounds under the synthesis's limit and left the roots' trees unsimulated
+INTEGRAL_TOL = 0.03
+#: the most stream counts of one root count packed integrally (each a mixed-integer program with
+#: rounds of cuts: on 24 GPUs with 8 roots, tens of seconds)
+INTEGRAL_COUNTS = 3
 
 
 @dataclass
@@ -266,11 +283,15 @@ class RootTreeProgram:
     seconds_per_byte: float
     #: what the deadline left undone while this root count's program was made (empty: nothing)
     cut: list = field(default_factory=list)
+    #: whether its trees are the integral packing at its stream count (:mod:`.root_branchings`),
+    #: not a rounding of the LP's
+    integral: bool = False
 
     @property
     def detail(self) -> dict:
         return {"roots": self.roots.tolist(), "streams_per_root": self.streams, "chunks_per_stream": self.per_stream,
-                "ends_share": self.ends_share, "link_model_seconds_per_byte": self.seconds_per_byte}
+                "ends_share": self.ends_share, "link_model_seconds_per_byte": self.seconds_per_byte,
+                "integral": self.integral}
 
 
 def chunks_for(nranks: int, roots: int, streams: int) -> int:
@@ -299,10 +320,19 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
     :func:`pack_root_trees`' ``ends``), each made once; then for every stream count per root of
     :data:`STREAMS`, fewest first, the first of those LPs whose rounding ``engine(rows)`` accepts
     (None: every rounding is accepted), until :data:`REFUSED_STREAMS` stream counts in a row are
-    refused by all of them. Per root count the accepted program fastest in the link model is a
-    candidate."""
+    refused by all of them. Where a stream count's rounding misses the LP by more than
+    :data:`.rounding.ROUND_TOL` or is refused, its integral packing too (:func:`_integral_program`,
+    at most :data:`INTEGRAL_COUNTS` counts a root count, stopping within :data:`INTEGRAL_TOL` of the
+    LP). Per root count the accepted program fastest in the link model is a candidate."""
+    from hccc.compiler.synth.packing import _resources
+
     n = net.nranks
+    cap = _resources(net, np.asarray(net.bw if pair_bw is None else pair_bw, float))
     made, why = [], []
+    # an integral packing near the LP's time made for fewer roots (INTEGRAL_TOL): more roots'
+    # integral packings could gain little in the link model, and are not sought (64 GPUs, 8 roots:
+    # 100 s of cut rounds without an integral point)
+    reached = False
     for k in root_counts:
         if k >= n:
             continue
@@ -318,7 +348,8 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
             continue
         busiest = float(tree_ends(lps[0]).max())
         shares = (None,) + ENDS_SHARES
-        best, refused = None, 0
+        best, refused, integral_done, tried = None, 0, False, 0
+        cut_sets: list = []         # the cut conditions the integral packings of these roots found
         for s in STREAMS:
             kc = chunks_for(n, k, s)
             if not kc:
@@ -348,10 +379,26 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
                             counts, rows = better, rows2
                     got = RootTreeProgram(rows, kc, roots, s, b, share, rounded_time(rt, counts, s) / k)
                     break
+            exact = None
+            short = got is None or got.seconds_per_byte * k > lps[0].lp_time * (1 + ROUND_TOL)
+            if tried < INTEGRAL_COUNTS and not reached and short:
+                if clock.now() >= deadline:
+                    cut.append(f"{k} roots, {s} streams: the integral packing not tried")
+                else:
+                    tried += 1
+                    exact = _integral_program(net, lps[0], s, cap, deadline=deadline, engine=engine, kc=kc, b=b,
+                                              sets=cut_sets)
+                    if exact is None and clock.now() >= deadline:
+                        cut.append(f"{k} roots, {s} streams: the integral packing cut short")
+            if exact is not None and (got is None or exact.seconds_per_byte < got.seconds_per_byte * (1 - 1e-9)):
+                got = exact
+                # the fewest streams whose integral packing comes near the LP: more cost thread
+                # blocks, fewer chunk ids a stream, and the time of their programs (INTEGRAL_TOL)
+                integral_done = exact.seconds_per_byte * k <= lps[0].lp_time * (1 + INTEGRAL_TOL)
             refused = 0 if got is not None else refused + 1
             if got is not None and (best is None or got.seconds_per_byte < best.seconds_per_byte * (1 - 1e-9)):
                 best = got
-            if refused >= REFUSED_STREAMS:
+            if refused >= REFUSED_STREAMS or integral_done:
                 break
             if clock.now() > deadline:
                 if s != STREAMS[-1]:
@@ -362,9 +409,39 @@ def root_tree_programs(net: Network, *, pair_bw: np.ndarray | None = None, deadl
                        f"{k} roots: {'the engine refuses' if engine is not None else 'no rounding of'} every stream count")
             continue
         best.cut = cut
+        reached = reached or integral_done
         made.append(best)
     made.sort(key=lambda p: p.seconds_per_byte)
     return made, why
+
+
+def _integral_program(net: Network, rt: RootTrees, streams: int, cap: np.ndarray, *, deadline: float, engine,
+                      kc: int, b: int, sets: list) -> RootTreeProgram | None:
+    """The integral packing of ``streams`` streams per root over the pairs of ``rt``'s trees
+    (:func:`.root_branchings.integral_root_trees`) as a program ``engine`` accepts (None: any): as
+    packed, else with every rank's connection ends capped at each share of :data:`ENDS_SHARES` of
+    the busiest rank's in the refused packing; None where none is found or accepted. ``sets``: the
+    cut conditions found for these roots so far, passed on (:func:`.root_branchings.root_arcs`)."""
+    from hccc.compiler.synth.root_branchings import integral_root_trees
+
+    k = rt.roots.size
+    ends, busiest = None, None
+    for share in (None,) + ENDS_SHARES:
+        if share is not None:
+            if clock.now() >= deadline:
+                return None
+            ends = np.full(rt.nranks, np.floor(busiest * share))
+        got = integral_root_trees(net, rt, streams, cap, deadline=deadline, ends=ends, sets=sets)
+        if got is None:
+            return None
+        it, counts = got
+        rows = root_tree_rows(it, counts, b)
+        if engine is None or engine(rows) is None:
+            return RootTreeProgram(rows, kc, rt.roots, streams, b, share, rounded_time(it, counts, streams) / k,
+                                   integral=True)
+        if busiest is None:
+            busiest = float((tree_ends(it) * streams).max())
+    return None
 
 
 def root_tree_candidates(topo, *, deadline: float, engine=None) -> tuple[list, list]:
@@ -402,5 +479,5 @@ def root_tree_candidates(topo, *, deadline: float, engine=None) -> tuple[list, l
     return out, why
 
 
-__all__ = ["root_tree_candidates", "CHUNKS_PER_RANK", "ENDS_SHARES", "REFUSED_STREAMS", "STREAMS", "chunks_for", "milp_rounding", "tree_ends", "with_end_groups", "ROOT_COUNTS", "RootTreeProgram", "RootTrees", "pack_root_trees",
+__all__ = ["root_tree_candidates", "CHUNKS_PER_RANK", "ENDS_SHARES", "INTEGRAL_COUNTS", "INTEGRAL_TOL", "REFUSED_STREAMS", "STREAMS", "chunks_for", "milp_rounding", "tree_ends", "with_end_groups", "ROOT_COUNTS", "RootTreeProgram", "RootTrees", "pack_root_trees",
            "root_tree_programs", "root_tree_rows", "round_root_trees", "rounded_time", "spread_roots"]
