@@ -122,10 +122,10 @@ def short_sets(n: int, src: np.ndarray, dst: np.ndarray, mult: np.ndarray, k: in
     return out
 
 
-def _first_sets(net: Network, root: int | None = None) -> list[np.ndarray]:
+def first_sets(net: Network, root=None) -> list[np.ndarray]:
     """The cut conditions every integral packing is asked first: each rank, all ranks but one, and
     every part of the network's hierarchy (machine nodes first) and its complement (with a
-    ``root``: those without it)."""
+    ``root``, a rank or an array of ranks: those that leave some root outside)."""
     n = net.nranks
     sets = []
     for v in range(n):
@@ -137,7 +137,10 @@ def _first_sets(net: Network, root: int | None = None) -> list[np.ndarray]:
             z = np.asarray(lev) == part
             if 1 < z.sum() < n - 1:
                 sets += [z, ~z]
-    return sets if root is None else [z for z in sets if not z[root]]
+    if root is None:
+        return sets
+    roots = np.atleast_1d(np.asarray(root, np.int64))
+    return [z for z in sets if (~z[roots]).any()]
 
 
 def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: list | None = None,
@@ -177,7 +180,7 @@ def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: 
     if sets is None:
         sets = []
     if not sets:
-        sets += _first_sets(net, root)
+        sets += first_sets(net, root)
     c = np.zeros(O + 1)
     c[O] = 1.0
     integrality = np.r_[np.ones(O), 0.0]
@@ -239,7 +242,6 @@ def pair_orbits(net: Network, perms: np.ndarray | None) -> np.ndarray:
 def arcs_time(net: Network, mult: np.ndarray, k: int, cap: np.ndarray) -> float:
     """Seconds per byte of each rank's data for ``mult[p]`` chunks of ``1/k`` on every pair:
     the largest load over capacity of a pair or group (its pairs' loads summed)."""
-    P = net.npairs
     rp, rg = net.pair_group_rows()
     load = np.r_[np.asarray(mult, float), np.bincount(rg, weights=np.asarray(mult, float)[rp], minlength=net.ngroups)] / k
     cap = np.asarray(cap, float)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hccc.compiler.synth.branchings import first_sets
 from hccc.compiler.synth.problem import Network
 from hccc.util import clock
 from hccc.util.native_output import silenced
@@ -61,23 +62,6 @@ def _support(n: int, trees: list, rev: bool) -> np.ndarray:
         a = np.stack([v, par[v]], 1) if rev else np.stack([par[v], v], 1)
         arcs.update(map(tuple, a.tolist()))
     return np.array(sorted(arcs), np.int64).reshape(-1, 2)
-
-
-def _first_sets(net: Network, roots: np.ndarray) -> list[np.ndarray]:
-    """The cut conditions asked first: every rank, all ranks but one, every part of the network's
-    hierarchy and its complement, where some root is outside the set."""
-    n = net.nranks
-    sets = []
-    for v in range(n):
-        z = np.zeros(n, bool)
-        z[v] = True
-        sets += [z, ~z]
-    for lev in net.levels:
-        for part in np.unique(lev):
-            z = np.asarray(lev) == part
-            if 1 < z.sum() < n - 1:
-                sets += [z, ~z]
-    return [z for z in sets if (~z[roots]).any()]
 
 
 def short_root_sets(n: int, src: np.ndarray, dst: np.ndarray, mult: np.ndarray, k: int,
@@ -159,7 +143,7 @@ def root_arcs(net: Network, roots, k: int, cap: np.ndarray, support: tuple[np.nd
     if sets is None:
         sets = []
     if not sets:
-        sets += _first_sets(net, roots)
+        sets += first_sets(net, roots)
     is_in = np.arange(V) >= m0
     for _ in range(ARC_ROUNDS):
         left = deadline - clock.now()
