@@ -209,8 +209,9 @@ def integral_root_trees(net: Network, rt, k: int, cap: np.ndarray, *, deadline: 
     of every tree, or None where no packing was found within the counts (or ``deadline``).
     ``cap``: the resources' capacities (pairs then groups, bytes/s); ``ends``: the most arcs at
     each rank (connection ends); ``sets``: cut conditions known so far (:func:`root_arcs`)."""
+    from dataclasses import replace
+
     from hccc.compiler.synth.packing import _tree_column
-    from hccc.compiler.synth.root_trees import RootTrees
 
     n = net.nranks
     sup = (_support(n, rt.trees, False), _support(n, rt.trees, True))
@@ -227,8 +228,8 @@ def integral_root_trees(net: Network, rt, k: int, cap: np.ndarray, *, deadline: 
         pairs = net.pair_index(v, par[v]) if rev else net.pair_index(par[v], v)
         load[i] = np.bincount(_tree_column(net, pairs), minlength=nres)[:nres]
     counts = np.array([c for *_, c in trees], np.int64)
-    out = RootTrees(n, rt.roots, [(r, rev, par) for r, rev, par, _ in trees], counts / float(k), load, rt.capn,
-                    rt.lp_time, rt.scale)
+    # (rt's own packing with these trees: its roots, capacities, LP time and scale kept)
+    out = replace(rt, trees=[(r, rev, par) for r, rev, par, _ in trees], weights=counts / float(k), load=load)
     return out, counts
 
 
