@@ -109,3 +109,18 @@ def test_hm_reversed_is_a_reducescatter_candidate_on_equal_nodes():
     want = gen.hm_reversed_reducescatter(nn, g)
     assert res.nranks == nn * g and len(res.rows) == want.ntransfers
     assert "hm_reversed" not in dict(classic_candidates(topo, "allgather").made)
+
+
+@pytest.mark.parametrize("export,suffix", [("xml", ".xml"), ("plan", ".json")])
+def test_hm_reversed_exports_to_both_engines_and_passes_check(tmp_path, capsys, export, suffix):
+    """The MSCCL XML and the MSCCL++ plan of ``hm_reversed`` (2 nodes of 4 GPUs), written by the
+    engine's exporter and proven by ``hccc check`` of the export."""
+    from hccc.cli import main
+    from hccc.compiler.frontend.rccl_text import algorithm_text
+
+    src = tmp_path / "hm_reversed_2x4.rccl"
+    src.write_text(algorithm_text(gen.hm_reversed_reducescatter(2, 4)))
+    out = tmp_path / f"hm_reversed_2x4{suffix}"
+    assert main([export, str(src), "-o", str(out)]) == 0, capsys.readouterr().err
+    assert main(["check", str(out)]) == 0, capsys.readouterr().err
+    assert "valid reducescatter on 8 ranks" in capsys.readouterr().out.lower()
