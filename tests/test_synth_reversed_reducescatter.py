@@ -80,8 +80,8 @@ def test_reversed_allgather_refuses_what_has_no_reverse():
 @given(hm_shapes(16))
 def test_hm_reversed_overlaps_the_ring_with_the_node(shape):
     """hm's ReduceScatter runs its nNodes*(G-1) intra-node steps before its ring; the reversed
-    AllGather interleaves them: a step of every ring transfer but the first has intra-node
-    reductions after it (a ring transfer ends every reversed step but the last)."""
+    AllGather interleaves them: its first ring transfer comes before its last intra-node
+    reduction (the ring's reductions sit among the node's in every reversed step but the first)."""
     nn, g = shape
     rs = gen.hm_reversed_reducescatter(nn, g)
     verify(rs)
