@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hccc.compiler.frontend import generators as gen
-from hccc.compiler.frontend.algorithm import RECV, RRC, Collective
+from hccc.compiler.frontend.algorithm import RRC, Collective
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.verify import verify
 from hccc.runtime.reference import execute, expected, inputs_for
