@@ -127,7 +127,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        print(f"{'cluster':16} {'collective':14} {'engine':8} {'method':7} {'K':>3} {'fraction':>8} {'reach':>5} "
+        print(f"{'cluster':16} {'collective':14} {'engine':8} {'method':11} {'K':>3} {'fraction':>8} {'reach':>5} "
               f"{'of AR':>5}  check  wall")
         for name in names:
             if name in made:
@@ -141,7 +141,7 @@ def main() -> None:
                     rows.append(r)
                     f, reach, of_ar = ("-" if r[k] is None else f"{r[k]:.3f}"
                                        for k in ("fraction", "reachable", "of_allreduce_bound"))
-                    print(f"{r['cluster']:16} {coll:14} {engine:8} {r['method']:7} {str(r['K']):>3} {f:>8} {reach:>5} "
+                    print(f"{r['cluster']:16} {coll:14} {engine:8} {r['method']:11} {str(r['K']):>3} {f:>8} {reach:>5} "
                           f"{of_ar:>5}  {r['check']}  {r['wall']}", flush=True)
     low = [r for r in rows if r["fraction"] is None or r["fraction"] < TARGET or r["check"] != "ok"]
     print(f"{len(rows) - len(low)} of {len(rows)} rows at or above {TARGET} of the cut bound and checked")

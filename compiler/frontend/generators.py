@@ -23,7 +23,7 @@ __all__ = [
     "full_mesh_rows", "direct_allgather", "direct_reducescatter", "direct_allreduce",
     "ring_allgather", "ring_reducescatter", "ring_allreduce",
     "recursive_doubling_allgather", "tree_allgather", "tree_reducescatter", "tree_allreduce",
-    "hm_allgather", "hm_reducescatter", "hm_allreduce",
+    "hm_allgather", "hm_reducescatter", "hm_allreduce", "reversed_allgather", "hm_reversed_reducescatter",
     "ring_broadcast", "ring_reduce", "tree_broadcast", "tree_reduce", "direct_broadcast", "direct_reduce",
     "ring_gather", "tree_gather", "direct_gather", "ring_gather_rccl",
     "ring_scatter", "tree_scatter", "direct_scatter", "binomial_tree", "ring_scatter_rccl",
@@ -611,6 +611,49 @@ def hm_allgather(nnodes: int, g: int, *, name: str | None = None) -> Algorithm:
     mesh = _rows(s, s - r + (r + o + 1) % g, t, (s - t * g) % n, RECV)
     rows = np.concatenate([_hm_ring(nnodes, g, 0, 0, RECV), mesh])
     return _algorithm(_header(n, Collective.ALLGATHER, name or f"hm_allgather_{nnodes}x{g}", g, g, 4, 16), rows)
+
+
+def reversed_allgather(alg: Algorithm, *, name: str | None = None) -> Algorithm:
+    """The ReduceScatter that is ``alg``'s time-reverse: every transfer of the AllGather ``alg``
+    (receives only) turned around and made a reduce-receive (``rrc``), its step counted from the
+    end. A chunk's AllGather tree out of its owner becomes an in-tree of partial sums into it, so
+    rank ``r`` ends with chunks ``r*K..r*K+K-1`` reduced over every rank.
+
+    Where the AllGather sends one chunk from a rank to several at one step (a fan-out), the
+    reverse reduces several into one ``(rank, chunk)``: those are put one after another in steps
+    of their own within the reversed step (nearest sender ``(src - dst) mod N`` first), since two
+    writes of one element at one step race. A reversed step takes as many steps as its widest
+    fan-in; the order of the reversed steps is kept."""
+    h = alg.header
+    if h.collective != Collective.ALLGATHER:
+        raise ValueError(f"only an AllGather can be reversed into a ReduceScatter, not {h.collective.value}")
+    if alg.ntransfers and np.any(alg.op != RECV):
+        raise ValueError("an AllGather to reverse must have receives only (a reduce-receive has no reverse)")
+    from dataclasses import replace
+    n = h.nranks
+    T = int(alg.step.max()) + 1 if alg.ntransfers else 0
+    src, dst, back, chunk = (np.asarray(c, _I64) for c in (alg.dst, alg.src, T - 1 - alg.step, alg.chunk))
+    order = np.lexsort(((src - dst) % n, chunk, dst, back))
+    src, dst, back, chunk = src[order], dst[order], back[order], chunk[order]
+    key = np.stack([back, dst, chunk], axis=1)
+    first = np.ones(len(key), bool)
+    first[1:] = np.any(key[1:] != key[:-1], axis=1)
+    starts = np.flatnonzero(first)
+    within = np.arange(len(key), dtype=_I64) - starts[np.cumsum(first) - 1]     # place in its fan-in
+    width = np.zeros(T, _I64)
+    np.maximum.at(width, back, within + 1)
+    offset = np.concatenate([[0], np.cumsum(width)[:-1]]).astype(_I64)
+    rows = _rows(src, dst, offset[back] + within, chunk, RRC) if len(key) else np.zeros((0, 5), _I64)
+    return _algorithm(replace(h, collective=Collective.REDUCESCATTER,
+                              name=name or f"{h.name}_reversed"), rows)
+
+
+def hm_reversed_reducescatter(nnodes: int, g: int, *, name: str | None = None) -> Algorithm:
+    """HM ReduceScatter as the time-reverse of :func:`hm_allgather` (:func:`reversed_allgather`):
+    every ring-aligned peer's intra-node reductions and the inter-node ring's partial sums
+    overlap, as the AllGather's ring and mesh do, where :func:`hm_reducescatter` runs its
+    intra-node phase before its ring."""
+    return reversed_allgather(hm_allgather(nnodes, g), name=name or f"hm_reversed_reducescatter_{nnodes}x{g}")
 
 
 # ====================================================================== .rccl text

@@ -12,6 +12,8 @@ direct         every collective (all pairs; every pair must be linked)
 rd             recursive doubling: AllGather on a power of two of ranks
 hm             hierarchical mesh: AllGather, ReduceScatter, AllReduce on two or more
                equal nodes (intra-node mesh, inter-node ring of same-place GPUs)
+hm_reversed    ReduceScatter as hm's AllGather time-reversed (its intra-node reductions
+               overlap the ring, where hm's ReduceScatter runs them first)
 hier_a2a       hierarchical AllToAll on two or more equal nodes
 binomial       a Broadcast down the binomial tree from its root
 c2c            HetCCL's cluster-to-cluster breakdown on mixed vendors
@@ -32,11 +34,13 @@ import numpy as np
 from hccc.compiler.synth.collectives import SynthResult
 
 #: the names of the classic candidates, in the order they are made (and listed)
-CLASSIC_METHODS = ("ring", "direct", "rd", "hm", "hier_a2a", "binomial", "c2c")
+CLASSIC_METHODS = ("ring", "direct", "rd", "hm", "hm_reversed", "hier_a2a", "binomial", "c2c")
 #: what each is, as the report and the program's first comment say it
 DESCRIPTIONS = {"ring": "ring (hccc's generator)", "direct": "all pairs (hccc's generator)",
                 "rd": "recursive doubling (hccc's generator)",
                 "hm": "hierarchical mesh: intra-node mesh, inter-node ring (hccc's generator)",
+                "hm_reversed": "hierarchical mesh AllGather time-reversed: intra-node reductions beside "
+                               "the inter-node ring (hccc's generator)",
                 "hier_a2a": "hierarchical AllToAll (hccc's generator)",
                 "binomial": "binomial tree (hccc's generator)",
                 "c2c": "HetCCL's cluster-to-cluster breakdown (hccc gen c2c)"}
@@ -78,6 +82,7 @@ def _makers(topo, collective: str, root: int) -> list[tuple[str, Callable]]:
         out += [("ring", lambda: gen.ring_reducescatter(n)), ("direct", lambda: gen.direct_reducescatter(n))]
         if grid:
             out.append(("hm", lambda: gen.hm_reducescatter(*grid)))
+            out.append(("hm_reversed", lambda: gen.hm_reversed_reducescatter(*grid)))
     elif collective == "allreduce":
         out += [("ring", lambda: gen.ring_allreduce(n)), ("direct", lambda: gen.direct_allreduce(n))]
         if grid:
