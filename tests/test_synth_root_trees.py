@@ -313,11 +313,11 @@ def test_integral_trees_span_and_their_loads_are_the_programs(topo, k, streams, 
 
 
 def test_a_root_set_cut_short_is_found():
-    """:func:`short_root_sets` against the cut condition checked here over every set of 4 ranks:
+    """:func:`~hccc.compiler.synth.branchings.short_sets` of several roots against the cut condition checked here over every set of 4 ranks:
     2 out-trees of roots 0 and 1 need ``2 |R - Z|`` arcs into every set ``Z``."""
     from itertools import combinations
 
-    from hccc.compiler.synth.root_branchings import short_root_sets
+    from hccc.compiler.synth.branchings import short_sets
 
     rng = np.random.default_rng(5)
     n, k, roots = 4, 2, np.array([0, 1])
@@ -327,7 +327,7 @@ def test_a_root_set_cut_short_is_found():
         m = mult[src, dst]
         short = any(mult[np.ix_([u for u in range(n) if u not in Z], list(Z))].sum() < k * len(set(roots.tolist()) - set(Z))
                     for size in range(1, n + 1) for Z in combinations(range(n), size))
-        found = short_root_sets(n, src, dst, m, k, roots)
+        found = short_sets(n, src, dst, m, k, roots)
         assert bool(found) == short
         for z in found:
             entering = mult[np.ix_(np.flatnonzero(~z), np.flatnonzero(z))].sum()

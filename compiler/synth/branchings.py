@@ -96,14 +96,15 @@ def max_flow(nv: int, eu: np.ndarray, ev: np.ndarray, ecap: np.ndarray, s: int, 
 
 
 def short_sets(n: int, src: np.ndarray, dst: np.ndarray, mult: np.ndarray, k: int,
-               root: int | None = None) -> list[np.ndarray]:
+               root=None) -> list[np.ndarray]:
     """Sets of ranks (boolean masks) with fewer than ``k (n - |Z|)`` arcs entering them in the
     multigraph of ``mult[i]`` arcs ``src[i] -> dst[i]``: for every rank ``v`` whose maximum flow
     from a source joined to every rank by ``k`` arcs is short of ``k n``, the sink side of that
-    flow's minimum cut. With a ``root`` (``k`` out-trees of that rank alone): sets without it that
-    fewer than ``k`` arcs enter (the source joined to the root alone, the flow short of ``k``)."""
+    flow's minimum cut. With a ``root``, a rank or an array of ranks (``k`` out-trees of each
+    root): sets that fewer than ``k |roots - Z|`` arcs enter (Edmonds' condition; the source
+    joined to the roots alone, the flow short of ``k |roots|``)."""
     s = n
-    tails = np.arange(n) if root is None else np.array([int(root)])
+    tails = np.arange(n) if root is None else np.atleast_1d(np.asarray(root, np.int64))
     eu = np.r_[np.asarray(src, np.int64), np.full(tails.size, s)]
     ev = np.r_[np.asarray(dst, np.int64), tails]
     ecap = np.r_[np.asarray(mult, np.int64), np.full(tails.size, k, np.int64)]

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hccc.compiler.synth.branchings import first_sets
+from hccc.compiler.synth.branchings import first_sets, short_sets
 from hccc.compiler.synth.problem import Network
 from hccc.util import clock
 from hccc.util.native_output import silenced
@@ -62,32 +62,6 @@ def _support(n: int, trees: list, rev: bool) -> np.ndarray:
         a = np.stack([v, par[v]], 1) if rev else np.stack([par[v], v], 1)
         arcs.update(map(tuple, a.tolist()))
     return np.array(sorted(arcs), np.int64).reshape(-1, 2)
-
-
-def short_root_sets(n: int, src: np.ndarray, dst: np.ndarray, mult: np.ndarray, k: int,
-                    roots: np.ndarray) -> list[np.ndarray]:
-    """Sets of ranks (boolean masks) fewer than ``k |roots - Z|`` arcs enter in the multigraph of
-    ``mult[i]`` arcs ``src[i] -> dst[i]``: for every rank whose maximum flow from a source joined to
-    every root by ``k`` arcs is short of ``k |roots|``, its minimum cut's sink side."""
-    from hccc.compiler.synth.branchings import max_flow
-
-    s = n
-    roots = np.asarray(roots, np.int64)
-    eu = np.r_[np.asarray(src, np.int64), np.full(roots.size, s)]
-    ev = np.r_[np.asarray(dst, np.int64), roots]
-    ecap = np.r_[np.asarray(mult, np.int64), np.full(roots.size, k, np.int64)]
-    keep = ecap > 0
-    eu, ev, ecap = eu[keep], ev[keep], ecap[keep]
-    out, seen = [], set()
-    for v in range(n):
-        flow, sink = max_flow(n + 1, eu, ev, ecap, s, v)
-        if flow >= k * roots.size:
-            continue
-        z = sink[:n].copy()
-        if z.tobytes() not in seen:
-            seen.add(z.tobytes())
-            out.append(z)
-    return out
 
 
 def root_arcs(net: Network, roots, k: int, cap: np.ndarray, support: tuple[np.ndarray, np.ndarray], *,
@@ -162,8 +136,8 @@ def root_arcs(net: Network, roots, k: int, cap: np.ndarray, support: tuple[np.nd
         if res.x is None or res.status in (2, 3):
             return None
         x = np.round(res.x[:V]).astype(np.int64)
-        more = (short_root_sets(n, src[:m0], dst[:m0], x[:m0], k, roots)
-                + short_root_sets(n, dst[m0:], src[m0:], x[m0:], k, roots))
+        more = (short_sets(n, src[:m0], dst[:m0], x[:m0], k, roots)
+                + short_sets(n, dst[m0:], src[m0:], x[m0:], k, roots))
         if not more:
             load = np.asarray(inc @ x, float)
             t = float((load[ok] / cap[ok]).max()) / k
@@ -233,5 +207,4 @@ def integral_root_trees(net: Network, rt, k: int, cap: np.ndarray, *, deadline: 
     return out, counts
 
 
-__all__ = ["ARC_GAP", "ARC_NODES", "ARC_ROUNDS", "integral_root_trees", "root_arcs", "root_branchings",
-           "short_root_sets"]
+__all__ = ["ARC_GAP", "ARC_NODES", "ARC_ROUNDS", "integral_root_trees", "root_arcs", "root_branchings"]
