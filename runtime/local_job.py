@@ -392,8 +392,22 @@ class LocalJob:
     def each(self, step) -> list:
         """``step(rank, communicator)`` on every rank at once, one thread each; the results in rank
         order, or :class:`CommunicatorError` naming every rank that raised (a failed call leaves
-        every communicator unusable, as in separate processes)."""
-        got = _together(self.nranks, lambda r: step(r, self.comms[r]), self._interrupt, self._threads)
+        every communicator unusable, as in separate processes). A rank whose step raises tells its
+        peers at once (:meth:`_failed_in_step`): they do not wait out their timeout for it."""
+        def one(r: int):
+            try:
+                return step(r, self.comms[r])
+            except BaseException as exc:
+                self._failed_in_step(r, exc)
+                raise
+        try:
+            got = _together(self.nranks, one, self._interrupt, self._threads)
+        finally:
+            # every rank's step has ended: a peer that gave up is failed (recover() runs the job
+            # again), one that met no barrier (all ranks refused the call alike) is as it was
+            for c in self.comms:
+                if getattr(c.watch, "step_failure", False):
+                    c.watch = None
         errors = [e for _, e in got]
         if any(e is not None for e in errors):
             raise _job_error(errors, "in a call")
@@ -449,6 +463,22 @@ class LocalJob:
             return got
         finally:
             group.free()
+
+    def _failed_in_step(self, rank: int, exc: BaseException) -> None:
+        """Rank ``rank``'s step raised ``exc`` (before its call reached its peers, or in it): every
+        other rank's host barriers and waits give up at once with the reason
+        (:attr:`~hccc.runtime.process_rank.ProcessRank.watch`; :meth:`recover` clears it), as a
+        rank of another process that fails is seen gone by its peers."""
+        said = str(exc) or type(exc).__name__
+        said = said[len(f"rank {rank}: "):] if said.startswith(f"rank {rank}: ") else said
+        why = f"rank {rank} failed ({said})"      # (as a host barrier says a peer's failure)
+
+        def watch() -> str:
+            return why
+        watch.step_failure = True
+        for c in self.comms:
+            if c.rank != rank and c.watch is None:
+                c.watch = watch
 
     def _interrupt(self) -> None:
         """Ctrl-C during a call: every rank gives up at once (its host barrier or the wait for its
