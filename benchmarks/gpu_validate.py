@@ -59,7 +59,9 @@ report, then a table per group with the model's prediction beside every measured
    (``gpu_common.hbm_bytes`` at the copy's bandwidth);
 10. ``model``: ``benchmarks/kernel_model.py``'s prediction of every row measured above (hccc's
    kernel costs, the slices, channels and threads the run used), shown in the tables' "model"
-   column: a measured row without one says why.
+   column: a measured row without one says why; and the same from this run's own slot anatomy
+   (its units, flag round trip, copy table and launches by blocks:
+   ``kernel_model.costs_from_anatomy``), the "model, this run's units" column.
 
 Before anything is timed a ``build`` step builds the kernels of the later steps, ``--build-jobs``
 at a time (nvcc takes over a minute for the specialised kernels of 32 ranks on two cores; built once,
@@ -516,14 +518,28 @@ def model_rows(results: list) -> list:
 
 
 def model_worker(path: str) -> int:
-    """The model step: ``benchmarks/kernel_model.py``'s prediction (hccc's kernel costs, today's
-    slices, channels and threads) of each row in the JSON file ``path``; one JSON object
-    ``{"rows": [{"key", "predicted_us", "error"}]}``. A row the model cannot predict says why."""
+    """The model step: ``benchmarks/kernel_model.py``'s prediction (today's slices, channels and
+    threads) of each row in the JSON file ``path`` (``{"rows": [...], "anatomy": slot_anatomy's
+    rows or null, "hbm_gbps": the copy step's or null}``), with hccc's kernel costs (the fifth
+    run's units, ``predicted_us``) and, where this run's slot anatomy step measured them, this run's
+    own (``kernel_model.costs_from_anatomy``: ``predicted_own_us``); one JSON object ``{"rows":
+    [{"key", "predicted_us", "predicted_own_us", "error"}], "own": null or why not}``. A row the
+    model cannot predict says why."""
     import kernel_model as km
     from hccc.compiler.passes import kernel_cost as kc
     from hccc.compiler.pipeline import CompileOptions, load_program
-    rows = json.loads(Path(path).read_text()) if Path(path).is_file() else []
+    data = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+    rows = data.get("rows", []) if isinstance(data, dict) else data
     costs = getattr(kc, "V4_H200", None)
+    own, own_error = None, "no slot anatomy rows"
+    anatomy = data.get("anatomy") if isinstance(data, dict) else None
+    if anatomy:
+        try:
+            hbm = float(data.get("hbm_gbps") or 0) * 1e9 or costs.hbm_bytes_per_s
+            own = km.costs_from_anatomy(anatomy, hbm_bytes_per_s=hbm, source="this run's slot anatomy")
+            own_error = None
+        except (ValueError, KeyError, TypeError) as exc:
+            own_error = f"{type(exc).__name__}: {exc}"[:200]
     progs, out = {}, []
     for r in rows:
         try:
@@ -532,10 +548,14 @@ def model_worker(path: str) -> int:
                 progs[key] = load_program(r["program"], CompileOptions(fuse=r["fuse"]) if r.get("fuse") else None)
             t = km.predict(progs[key], int(r["bytes"]), costs, kernels="v4", sms=km.H100_SMS, proto=r["proto"],
                            slice_bytes=r.get("slice"))
-            out.append({"key": r["key"], "predicted_us": round(t.total * 1e6, 2), "error": None})
+            t_own = (km.predict(progs[key], int(r["bytes"]), own, kernels="v5", sms=km.H100_SMS, proto=r["proto"],
+                                slice_bytes=r.get("slice")) if own is not None else None)
+            out.append({"key": r["key"], "predicted_us": round(t.total * 1e6, 2),
+                        "predicted_own_us": None if t_own is None else round(t_own.total * 1e6, 2), "error": None})
         except Exception as exc:      # a row the model does not cover: said, not fatal
-            out.append({"key": r["key"], "predicted_us": None, "error": f"{type(exc).__name__}: {exc}"[:200]})
-    print(json.dumps({"rows": out}))
+            out.append({"key": r["key"], "predicted_us": None, "predicted_own_us": None,
+                        "error": f"{type(exc).__name__}: {exc}"[:200]})
+    print(json.dumps({"rows": out, "own": own_error}))
     return 0
 
 
@@ -599,7 +619,9 @@ def summarise_quick(step: Step, data, copy_gbps: float | None) -> tuple[bool, st
         rows = data.get("rows", [])
         bad = [r for r in rows if r.get("predicted_us") is None]
         return True, (f"{len(rows) - len(bad)}/{len(rows)} measured rows predicted"
-                      + (f"; not predicted: {bad[0]['key']}: {bad[0]['error']}" if bad else ""))
+                      + (f"; not predicted: {bad[0]['key']}: {bad[0]['error']}" if bad else "")
+                      + (f"; this run's own units: {data['own']}" if data.get("own") else
+                         "; also from this run's own units" if "own" in data else ""))
     if step.group in ("examples", "pathology", "latency", "large", "hm") and isinstance(data, dict):
         if step.group in ("pathology", "large", "hm") and copy_gbps:
             add_bounds(data, copy_gbps)
@@ -646,6 +668,7 @@ def quick_tables(results: list[Result]) -> list:
     out = []
     model = next((r for r in results if r.group == "model" and isinstance(r.data, dict)), None)
     predicted = {m["key"]: m.get("predicted_us") for m in (model.data.get("rows", []) if model else [])}
+    own = {m["key"]: m.get("predicted_own_us") for m in (model.data.get("rows", []) if model else [])}
     for group, title in (("latency", "Small messages (one grid, out of place)"),
                          ("large", "Bandwidth (one grid, out of place, Simple)"),
                          ("hm", "HM AllReduce 4x8 (one grid, Simple)")):
@@ -653,15 +676,17 @@ def quick_tables(results: list[Result]) -> list:
         if not rows:
             continue
         out += ["", f"## {title}", "",
-                "| step | proto | fuse | slice | size | placement | #wrong | time (us) | model (us) | busbw (GB/s) | "
-                "HBM bound (us) | of bound |", "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+                "| step | proto | fuse | slice | size | placement | #wrong | time (us) | model (us) | "
+                "model, this run's units (us) | busbw (GB/s) | HBM bound (us) | of bound |",
+                "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r, row in rows:
             out.append(f"| {r.name} | {row.get('proto')} | {row.get('fuse') or '-'} | "
                        f"{_size(int(row['slice'])) if str(row.get('slice') or '').isdigit() else 'auto'} | "
                        f"{_size(row['bytes'])} | {'in' if row.get('inplace') else 'out of'} place | "
                        f"{'stuck' if row.get('stuck') else row.get('wrong')} | {_num(row.get('time_us'), 1)} | "
-                       f"{_num(predicted.get(model_key(row)), 1)} | {_num(row.get('busbw_GBps'), 2)} | "
-                       f"{_num(row.get('bound_us'), 1)} | {_sig(row.get('of_bound'))} |")
+                       f"{_num(predicted.get(model_key(row)), 1)} | {_num(own.get(model_key(row)), 1)} | "
+                       f"{_num(row.get('busbw_GBps'), 2)} | {_num(row.get('bound_us'), 1)} | "
+                       f"{_sig(row.get('of_bound'))} |")
     ex = [(r, row) for r in results if r.group == "examples" for row in _run_results(r.data)]
     if ex:
         out += ["", "## Examples (one grid, out of place)", "",
@@ -834,7 +859,11 @@ def run_quick(args, started: str) -> list[Result]:
             r = Result(step.group, step.name, "n/a", 0.0, f"not available on {args.backend} (vs_nccl runs CUDA)")
         else:
             if step.group == "model":        # the rows measured so far, for the model to predict
-                Path(step.argv[-1]).write_text(json.dumps(model_rows(results)))
+                slot = next((x for x in results if x.group == "slot" and isinstance(x.data, dict)), None)
+                js = slot.data.get("json") if slot is not None else None
+                anatomy = js.get("rows") if isinstance(js, dict) else None
+                Path(step.argv[-1]).write_text(json.dumps({"rows": model_rows(results), "anatomy": anatomy,
+                                                           "hbm_gbps": copy_gbps}))
             r = run_step(step, left, lambda st, d, c=copy_gbps: summarise_quick(st, d, c))
         if step.group == "env" and isinstance(r.data, dict) and r.data.get("gpu"):
             device = r.data["gpu"]

@@ -100,8 +100,12 @@ ProgramIR as the run launched it (every rank on the one GPU, the run-time channe
 threads halved until the grid is resident, direct mode where proven safe, the slice that run's
 launcher picked) along its critical path -- a block's order, dependencies and messages across
 ranks and blocks, each message a hop, slot back-pressure -- plus a launch cost per block, or its
-HBM bound if longer. No run timed a launch alone, so each run's launch cost per block is taken
-from its direct AllGather 8 at 4 KiB (the shortest critical path), marked ``calibration``. A row
+HBM bound if longer. No recorded run timed a launch alone, so each run's launch cost per block
+is taken from its direct AllGather 8 at 4 KiB (the shortest critical path), marked
+``calibration``. A run recorded with its ``slot_anatomy`` rows (``units.anatomy``: what
+``gpu_validate.py --quick`` measures first) is predicted from those alone
+(:func:`costs_from_anatomy`: unit costs, flag round trip, copy table and its launches by blocks,
+:func:`launch_from_anatomy`), with no calibration row. A row
 within ``EXPLAINED_WITHIN`` (30 %) is ``explained``; any other is ``unexplained`` and named with
 its hypothesis (``HYPOTHESES``), never fitted. JSON: ``{"rows": [{"run", "program", "bytes",
 "measured_us", "predicted_us", "verdict", ...}]}``.
@@ -440,6 +444,68 @@ def load_recorded(path: Path = RECORDED) -> dict:
     return {r["run"]: r for r in data["runs"]}
 
 
+#: the ping-pong flavour of ``slot_anatomy`` whose round trip is the kernels' own ordering (its
+#: ``PP_HCCC``: the engine's poll, acquire, release and post functions within one GPU)
+ANATOMY_FLAG_FLAVOUR = "hccc v4, one GPU"
+#: the launch rows of ``slot_anatomy`` a one-grid call is charged (it is launched cooperatively)
+ANATOMY_LAUNCH_KIND = "engine, cooperative"
+#: unit ops of ``slot_anatomy``'s units rows that are rows of :data:`kernel_cost.UNIT_US`
+ANATOMY_UNIT_OPS = ("COPY", "SEND", "RECV", "RECV_REDUCE_COPY")
+
+
+def launch_from_anatomy(rows: list, kind: str = ANATOMY_LAUNCH_KIND) -> tuple:
+    """((blocks, us), ...) of a launch from ``slot_anatomy``'s launch rows of ``kind``: the engine
+    with one NOP row a block less one row's cost (the 16-row launch's extra time over 15), so that
+    the launch is not charged a unit the program's path charges again. Empty where the rows lack
+    a grid's pair (1 and 16 rows)."""
+    by = {}
+    for r in rows:
+        if r.get("exp") == "launch" and r.get("kind") == kind:
+            by.setdefault(int(r["blocks"]), {})[int(r["rows"])] = float(r["us"])
+    out = []
+    for b, t in sorted(by.items()):
+        if 1 in t and 16 in t:
+            row = max(0.0, (t[16] - t[1]) / 15)
+            out.append((b, round(max(0.0, t[1] - row), 3)))
+    return tuple(out)
+
+
+def costs_from_anatomy(rows: list, *, hbm_bytes_per_s: float, source: str):
+    """:class:`~hccc.compiler.passes.kernel_cost.KernelCosts` from one run's ``slot_anatomy`` rows
+    (``--json``'s ``rows``): each op's unit cost by warps (the ``unit_cost`` fits), the kernels'
+    flag round trip (:data:`ANATOMY_FLAG_FLAVOUR`), one block's copy table (the ``copy`` rows, GB/s
+    by warps and unit size) and the launch by blocks (:func:`launch_from_anatomy`). Raises
+    ValueError naming what the rows lack."""
+    from hccc.compiler.passes.kernel_cost import KernelCosts
+    warp = next((int(r["warp"]) for r in rows if r.get("exp") == "device"), 32)
+
+    def warps_of(threads) -> int:          # the CPU emulation's blocks are a few threads: one warp
+        return max(1, int(threads) // warp)
+    fits = {(r["op"], warps_of(r["threads"])): r["us_per_unit"] for r in rows
+            if r.get("exp") == "unit_cost" and r.get("us_per_unit") is not None}
+    warps = sorted({w for (op, w) in fits if op in ANATOMY_UNIT_OPS})
+    missing = [(op, w) for op in ANATOMY_UNIT_OPS for w in warps if (op, w) not in fits]
+    if not warps or missing:
+        raise ValueError(f"the slot anatomy has no unit cost for {missing or 'any op'}")
+    flags = [r["us_round_trip"] for r in rows if r.get("exp") == "pingpong"
+             and str(r.get("flavour", "")).startswith(ANATOMY_FLAG_FLAVOUR)]
+    if not flags:
+        raise ValueError(f"the slot anatomy has no ping-pong of the kernels' ordering ({ANATOMY_FLAG_FLAVOUR})")
+    copy = {}
+    for r in rows:
+        if r.get("exp") == "copy" and r.get("correct"):
+            copy.setdefault(warps_of(r["threads"]), {})[int(r["slice"]) // 1024] = float(r["GBps"])
+    kib = sorted(set.intersection(*(set(v) for v in copy.values()))) if copy else []
+    if len(kib) < 2:
+        raise ValueError("the slot anatomy has no copy table of two unit sizes at every warp count")
+    return KernelCosts(
+        unit_us={op: tuple(max(0.0, float(fits[(op, w)])) for w in warps) for op in ANATOMY_UNIT_OPS},
+        warps=tuple(warps), flag_round_trip_us=float(flags[0]), launch_per_block_s=0.0,
+        hbm_bytes_per_s=float(hbm_bytes_per_s), copy_kib=tuple(kib),
+        copy_gbs={w: tuple(v[k] for k in kib) for w, v in copy.items()}, source=source,
+        launch_us_by_blocks=launch_from_anatomy(rows))
+
+
 def run_costs(run: dict, runs: dict, launch_per_block_s: float = 0.0):
     """:class:`~hccc.compiler.passes.kernel_cost.KernelCosts` from ``run``'s own unit-level
     figures (module docstring of kernel_cost): the fifth run's unit, flag and copy tables for the v4
@@ -449,6 +515,8 @@ def run_costs(run: dict, runs: dict, launch_per_block_s: float = 0.0):
     the only ones taken of the v3 kernels)."""
     from hccc.compiler.passes.kernel_cost import KernelCosts
     u = run["units"]
+    if "anatomy" in u:          # a run that kept its slot_anatomy rows: every figure from them
+        return costs_from_anatomy(u["anatomy"], hbm_bytes_per_s=u["hbm_tbs"] * 1e12, source=run["section"])
     if run["kernels"] == "v4":
         warps = tuple(u["unit_warps"])
         return KernelCosts(
@@ -533,10 +601,13 @@ def recorded(path: Path = RECORDED) -> list[dict]:
             return predict(ir, row["bytes"], costs, kernels=run["kernels"], sms=run["sms"], proto=row["proto"],
                            slice_bytes=row.get("slice"), slice_costs=slice_costs.get(row["proto"]))
 
-        cal = next(r for r in run["rows"] if (r["program"], r["bytes"]) == LAUNCH_ROW)
-        t0 = one(cal, base)
-        per_block = (cal["us"] * 1e-6 - (t0.total - t0.launch)) / t0.blocks
-        costs = run_costs(run, runs, per_block)
+        if base.launch_us_by_blocks:        # the run measured its launches: no row calibrates
+            cal, per_block, costs = None, 0.0, base
+        else:
+            cal = next(r for r in run["rows"] if (r["program"], r["bytes"]) == LAUNCH_ROW)
+            t0 = one(cal, base)
+            per_block = (cal["us"] * 1e-6 - (t0.total - t0.launch)) / t0.blocks
+            costs = run_costs(run, runs, per_block)
         for row in run["rows"]:
             rec = {"run": run["run"], "card": run["card"], "kernels": run["kernels"], "program": row["program"],
                    "bytes": row["bytes"], "proto": row["proto"], "placement": row["placement"],

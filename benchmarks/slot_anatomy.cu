@@ -11,6 +11,11 @@
 //   {"exp": "grid", "blocks": ..., "us": ...}
 //       block 0 runs COPY units while every other block of a full grid waits for its progress
 //       counter (their sync lanes poll, their data warps wait at a barrier)
+//   {"exp": "launch", "kind": ..., "blocks": ..., "rows": ..., "threads": ..., "us": ..., "us_each": ...}
+//       what a launch costs by its blocks: an empty kernel ("empty"), and the engine whose every
+//       block runs `rows` NOP rows of one micro-batch and waits for nothing ("engine"; launched
+//       cooperatively too where the platform has it, "engine, cooperative", as a one-grid call is):
+//       `us` one launch alone, start to end (the median), `us_each` one of a back-to-back series
 // Arguments: quick|full [cpu-scale].
 #include "hccc_prims.h"
 
@@ -53,6 +58,17 @@ static double launch_ms(void (*kernel)(Args), int grid, int block, const Args& a
   for (auto* b : blocks) delete b;
   return ms;
 }
+template <typename Args>
+static double launch_coop_ms(void (*kernel)(Args), int grid, int block, const Args& a) {
+  return launch_ms(kernel, grid, block, a);
+}
+template <typename Args>
+static double launch_series_ms(void (*kernel)(Args), int grid, int block, const Args& a, int n) {
+  double ms = 0;
+  for (int i = 0; i < n; ++i) ms += launch_ms(kernel, grid, block, a);
+  return ms / n;
+}
+static bool has_cooperative_launch() { return true; }
 static int resident_blocks(int) { return 4; }
 static const char* device_name() { return "CPU emulation"; }
 #else
@@ -89,6 +105,46 @@ static double launch_ms(void (*kernel)(Args), int grid, int block, const Args& a
   CK(cudaEventDestroy(e0));
   CK(cudaEventDestroy(e1));
   return ms;
+}
+// One cooperative launch (as the runtime launches a one-grid call); milliseconds.
+template <typename Args>
+static double launch_coop_ms(void (*kernel)(Args), int grid, int block, const Args& a) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  void* params[] = {(void*)&a};
+  CK(cudaEventRecord(e0));
+  CK(cudaLaunchCooperativeKernel((const void*)kernel, grid, block, params, 0, 0));
+  CK(cudaEventRecord(e1));
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return ms;
+}
+// `n` launches back to back between two events; milliseconds for each.
+template <typename Args>
+static double launch_series_ms(void (*kernel)(Args), int grid, int block, const Args& a, int n) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventRecord(e0));
+  for (int i = 0; i < n; ++i) kernel<<<grid, block>>>(a);
+  CK(cudaGetLastError());
+  CK(cudaEventRecord(e1));
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return ms / n;
+}
+static bool has_cooperative_launch() {
+  int dev = 0, coop = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+  return coop != 0;
 }
 template <typename Args>
 static int resident_blocks_of(void (*kernel)(Args), int block) {
@@ -180,6 +236,11 @@ HCCC_GLOBAL void anatomy_pingpong(const pp_args x) {
       pp_post(theirs, v + 1, x.flavour);
     }
   }
+}
+
+// ---------------------------------------------------------------------------- launches
+HCCC_GLOBAL void HCCC_LAUNCH_BOUNDS(512) anatomy_empty(const pp_args x) {
+  if (x.rounds < 0 && hccc_tid() == 0) x.flags[0] = 1;   // never taken: keeps the argument live
 }
 
 // ---------------------------------------------------------------------------- engine units
@@ -333,6 +394,60 @@ static double run_units(rig& g, hccc_pd first, size_t bytes, int slice, int thre
   return t[t.size() / 2];
 }
 
+// Every one of `blocks` TBs runs `rows` NOP rows over one micro-batch of 4 KiB, no dependency,
+// no post: what the engine's start (its program read and decoded), its rows and its end cost.
+// Returns (microseconds of one launch alone: the median of `reps`; of one of `reps` back to back).
+struct launch_times { double alone, each; };
+static launch_times run_launch(int blocks, int rows_per_tb, int threads, bool cooperative, int reps) {
+  const size_t bytes = 4096;
+  float* buf = (float*)dmalloc(bytes);
+  uint64_t* ctrl = (uint64_t*)dmalloc(64 * sizeof(uint64_t));
+  hccc_error* err = (hccc_error*)dmalloc(sizeof(hccc_error));
+  hccc_rank_consts* consts = (hccc_rank_consts*)dmalloc(sizeof(hccc_rank_consts));
+  const size_t nrows = (size_t)blocks * rows_per_tb;
+  hccc_pd* prims = (hccc_pd*)dmalloc(nrows * sizeof(hccc_pd));
+  int32_t* deps = (int32_t*)dmalloc(sizeof(int32_t));
+  hccc_tb_range* tbs = (hccc_tb_range*)dmalloc((size_t)(blocks + 1) * sizeof(hccc_tb_range));
+  hccc_rank_consts k = {0, 1, 0, 0, SLOT_BYTES_MAX, 1, blocks, 1, 1, 1, 4};
+  h2d(consts, &k, sizeof k);
+  std::vector<hccc_pd> rows(nrows, pd(HCCC_NOP));
+  for (auto& r : rows) r.cnt = 0;
+  std::vector<hccc_tb_range> t((size_t)blocks + 1);
+  for (int b = 0; b <= blocks; ++b) t[b] = {(uint32_t)(b * rows_per_tb), 0u};
+  h2d(prims, rows.data(), nrows * sizeof(hccc_pd));
+  h2d(tbs, t.data(), t.size() * sizeof(hccc_tb_range));
+  unit_args x;
+  memset(&x, 0, sizeof x);
+  x.a.input = buf;
+  x.a.output = buf;
+  x.a.count = bytes / sizeof(float);
+  x.a.progress = ctrl + 8;
+  x.a.abort_flag = (uint32_t*)(ctrl + 4);
+  x.a.error = err;
+  x.a.timeout = 20ull * 1000 * 1000 * 1000;
+  x.a.slice_bytes = bytes;
+  x.a.proto = HCCC_PROTO_SIMPLE;
+  x.prog = hccc_program{consts, prims, deps, tbs};
+  std::vector<double> alone;
+  for (int r = 0; r < reps + 1; ++r) {
+    const double ms = cooperative ? launch_coop_ms(anatomy_units, blocks, threads, x)
+                                  : launch_ms(anatomy_units, blocks, threads, x);
+    if (r > 0) alone.push_back(ms * 1000.0);
+  }
+  std::sort(alone.begin(), alone.end());
+  const double each = cooperative ? alone[alone.size() / 2]
+                                  : launch_series_ms(anatomy_units, blocks, threads, x, reps) * 1000.0;
+  uint32_t abort_word = 0;
+  d2h(&abort_word, ctrl + 4, sizeof abort_word);
+  if (abort_word != 0) {
+    fprintf(stderr, "slot_anatomy: a launch run gave up (%d blocks, %d rows)\n", blocks, rows_per_tb);
+    exit(1);
+  }
+  for (void* p : {(void*)buf, (void*)ctrl, (void*)err, (void*)consts, (void*)prims, (void*)deps, (void*)tbs})
+    dfree(p);
+  return {alone[alone.size() / 2], each};
+}
+
 static bool check_copy(rig& g, size_t bytes) {
   std::vector<float> a(bytes / sizeof(float)), b(bytes / sizeof(float));
   d2h(a.data(), g.in, bytes);
@@ -441,6 +556,48 @@ int main(int argc, char** argv) {
     }
   }
   rig_free(g);
+  // D: what a launch costs by its blocks: an empty kernel, the engine's start and rows
+  {
+    const int block = threads[nthreadsets - 1];
+#if defined(HCCC_PLATFORM_CPU)
+    const int grids[] = {1, 2, 4};
+    const int ngrids = 3;
+    const int most = 4;
+#else
+    const int grids[] = {1, 8, 16, 32, 64, 128, 256, 512};
+    const int ngrids = 8;
+    const int most = resident_blocks_of(anatomy_units, block);
+#endif
+    const int reps = full ? 20 : 10;
+    const bool coop = has_cooperative_launch();
+    for (int gi = 0; gi < ngrids; ++gi) {
+      const int blocks = grids[gi];
+      if (blocks > most) continue;
+      {
+        uint64_t* f = (uint64_t*)dmalloc(16 * sizeof(uint64_t));
+        const pp_args e{f, 0, 0};
+        std::vector<double> alone;
+        for (int r = 0; r < reps + 1; ++r) {
+          const double ms = launch_ms(anatomy_empty, blocks, block, e);
+          if (r > 0) alone.push_back(ms * 1000.0);
+        }
+        std::sort(alone.begin(), alone.end());
+        const double each = launch_series_ms(anatomy_empty, blocks, block, e, reps) * 1000.0;
+        printf("{\"exp\": \"launch\", \"kind\": \"empty\", \"blocks\": %d, \"rows\": 0, \"threads\": %d, "
+               "\"us\": %.3f, \"us_each\": %.3f}\n", blocks, block, alone[alone.size() / 2], each);
+        fflush(stdout);
+        dfree(f);
+      }
+      for (int rows : {1, 16})
+        for (int c = 0; c < (coop ? 2 : 1); ++c) {
+          const launch_times lt = run_launch(blocks, rows, block, c == 1, reps);
+          printf("{\"exp\": \"launch\", \"kind\": \"%s\", \"blocks\": %d, \"rows\": %d, \"threads\": %d, "
+                 "\"us\": %.3f, \"us_each\": %.3f}\n", c ? "engine, cooperative" : "engine", blocks, rows,
+                 block, lt.alone, lt.each);
+          fflush(stdout);
+        }
+    }
+  }
   printf("{\"exp\": \"done\"}\n");
   return 0;
 }

@@ -12,7 +12,12 @@ Builds ``benchmarks/slot_anatomy.cu`` against the headers hccc emits (the kernel
   target: at most 0.5 us, a COPY unit's at most 0.2 us), per threads a block;
 * **copy**: one block's COPY units of 4 KiB to 512 KiB over 64 MiB: the engine's GB/s;
 * **grid**: block 0's COPY units alone, and with every other block of a full grid waiting for
-  its progress counter (their sync lanes polling): whether waiting blocks slow a working one.
+  its progress counter (their sync lanes polling): whether waiting blocks slow a working one;
+* **launch**: what a launch costs by its blocks (1 to 512, up to what is resident at once): an
+  empty kernel, and the engine whose every block runs 1 or 16 NOP rows and waits for nothing,
+  plainly and cooperatively (as a one-grid call is launched); one launch alone (start to end) and
+  one of a back-to-back series. The kernel cost model's launch cost is a hypothesis until a run
+  has these rows (:data:`hccc.compiler.passes.kernel_cost.LAUNCH_SECONDS_PER_BLOCK`).
 
 ``--backend cpu`` builds the same program for the CPU emulation at a hundredth of the sizes: the
 program and this script are tested that way (the times then measure the emulation, not a GPU).
@@ -124,6 +129,14 @@ def tables(rows: list[dict]) -> None:
     for r in rows:
         if r["exp"] == "grid":
             t.add_row(str(r["blocks"]), str(r["threads"]), f"{r['us']:.1f}")
+    con.print(t)
+    t = Table(title="a launch by its blocks (us: one alone, start to end; each: one of a series)")
+    for c in ("kind", "blocks", "rows a block", "threads", "us", "us each"):
+        t.add_column(c, justify="right" if c != "kind" else "left")
+    for r in rows:
+        if r["exp"] == "launch":
+            t.add_row(r["kind"], str(r["blocks"]), str(r["rows"]), str(r["threads"]), f"{r['us']:.1f}",
+                      f"{r['us_each']:.1f}")
     con.print(t)
 
 

@@ -340,12 +340,16 @@ def test_quick_mode_from_a_cpu_run(tmp_path):
     # every measured row has the model's prediction beside it, in the tables
     keys = {v.model_key(row) for s in steps if s["group"] in ("latency", "large", "hm", "examples", "pathology")
             for row in v._run_results(s["data"])}          # (a row measured twice is predicted once)
-    assert len(keys) > 12 and steps[-1]["summary"] == f"{len(keys)}/{len(keys)} measured rows predicted"
+    assert len(keys) > 12 and steps[-1]["summary"] == (f"{len(keys)}/{len(keys)} measured rows predicted; "
+                                                       "also from this run's own units")
+    # ... and this run's own slot anatomy (the emulation's here) predicted every row too
+    assert all(r["predicted_own_us"] > 0 for r in steps[-1]["data"]["rows"])
     text = (tmp_path / "r.md").read_text()
     for title in ("## Small messages", "## Bandwidth", "## HM AllReduce 4x8", "## The torch backend on cpu tensors"):
         assert title in text
     fused = [line for line in text.splitlines() if line.startswith("| ring_allreduce_8 4K | ll | on |")]
     assert len(fused) == 1 and fused[0].split("|")[9].strip() not in ("", "-")      # the model column
+    assert fused[0].split("|")[10].strip() not in ("", "-")                          # this run's units
     assert "| all_to_all_single |" in text and text.count("| ok |") >= 2
 
 

@@ -53,3 +53,10 @@ def test_every_experiment_runs_on_the_cpu_emulation(tmp_path):
     fits = [r for r in rows if r["exp"] == "unit_cost"]
     assert len(fits) == len({(r["op"], r["threads"]) for r in rows if r["exp"] == "units"})
     assert {r["blocks"] for r in rows if r["exp"] == "grid"} == {1, 4}
+    # the launch rows: an empty kernel and the engine (plain, cooperative; 1 and 16 rows a block)
+    # at every grid the emulation holds, each a positive time
+    launches = [r for r in rows if r["exp"] == "launch"]
+    assert {(r["kind"], r["blocks"], r["rows"]) for r in launches} == {
+        (kind, b, n) for b in (1, 2, 4) for kind, n in
+        (("empty", 0), ("engine", 1), ("engine", 16), ("engine, cooperative", 1), ("engine, cooperative", 16))}
+    assert all(r["us"] > 0 and r["us_each"] > 0 for r in launches)

@@ -41,8 +41,9 @@ kernel generation's unit-level figures on one card:
 - a hop (:meth:`KernelCosts.hop_seconds`): what a unit's post takes to reach the unit that waits
   for it on another block, half a flag round trip between two SMs (the ping-pong of the fifth
   run);
-- the launch (:meth:`KernelCosts.launch_seconds`): a cost per block of the grid (no run measured
-  a launch alone: see :data:`LAUNCH_SECONDS_PER_BLOCK`);
+- the launch (:meth:`KernelCosts.launch_seconds`): a cost per block of the grid (no recorded run
+  measured a launch alone: see :data:`LAUNCH_SECONDS_PER_BLOCK`), or, from a run that did
+  (``benchmarks/slot_anatomy.py``'s launch rows), its measured launches by blocks;
 - the HBM bound: every byte the kernels read or write (``kernel_traffic``) at the card's rate.
 
 **Bytes in flight** (:func:`block_bytes_in_flight`, :func:`block_bytes_per_round`): what one
@@ -167,7 +168,9 @@ class KernelCosts:
     ``copy_gbs`` (warps -> GB/s at each size): a block's copy rate by unit size, or ``flat_gbs``
     (one rate, any size and warps) where none was measured; ``flag_round_trip_us``;
     ``launch_per_block_s``; ``hbm_bytes_per_s`` (read + write); ``nslots`` (FIFO slots a
-    connection; None: the kernel ABI's, ``abi.NSLOTS``); ``source``: the run and tables these come from."""
+    connection; None: the kernel ABI's, ``abi.NSLOTS``); ``source``: the run and tables these come from;
+    ``launch_us_by_blocks``: ((blocks, us), ...) a run measured a launch at (``slot_anatomy``'s
+    launch rows), which :meth:`launch_seconds` interpolates instead of ``launch_per_block_s``."""
 
     unit_us: dict
     warps: tuple[int, ...]
@@ -179,6 +182,7 @@ class KernelCosts:
     flat_gbs: float | None = None
     nslots: int | None = None
     source: str = ""
+    launch_us_by_blocks: tuple = ()
 
     def fixed_seconds(self, op_class: str, warps: float, proto: str = "simple") -> float:
         """A unit's cost beyond its bytes: its op's row at ``warps``; under LL a COPY unit's."""
@@ -231,8 +235,19 @@ class KernelCosts:
         return self.flag_round_trip_us * 0.5e-6
 
     def launch_seconds(self, blocks: int) -> float:
-        """Launching a grid of ``blocks`` blocks."""
-        return self.launch_per_block_s * max(1, int(blocks))
+        """Launching a grid of ``blocks`` blocks: the measured launches interpolated in the blocks
+        (past the largest grid measured, its last slope; below the smallest, its time), or the cost
+        per block times the blocks where no launch was measured."""
+        b = max(1, int(blocks))
+        if not self.launch_us_by_blocks:
+            return self.launch_per_block_s * b
+        pts = sorted((int(x), float(y)) for x, y in self.launch_us_by_blocks)
+        xs, ys = [x for x, _ in pts], [y for _, y in pts]
+        if b > xs[-1] and len(xs) > 1:
+            us = ys[-1] + (b - xs[-1]) * max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+        else:
+            us = float(np.interp(b, xs, ys))
+        return max(0.0, us) * 1e-6
 
 
 #: The v4 kernels on an H200, as the fifth run measured them: hccc's costs.
