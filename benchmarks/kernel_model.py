@@ -172,7 +172,6 @@ def designs(channels: int):
 
 def model(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, channels: int,
           fused_ir=None) -> list[dict]:
-    import numpy as np
     from hccc.compiler.passes.slicing import micro_batches, program_slice_bytes, slot_share_bytes
     from hccc.runtime.busbw import busbw_factor
     from hccc.runtime.kernel_traffic import traffic
