@@ -94,6 +94,46 @@ def one_shot_bytes(world: int) -> int:
     """The one-shot AllReduce's size band on ``world`` ranks within one node (full buffer, bytes):
     :data:`ONE_SHOT_BANDS`' entry, else :data:`ONE_SHOT_BYTES`."""
     return ONE_SHOT_BANDS.get(int(world), ONE_SHOT_BYTES)
+#: the largest element (bytes) of the catalog's dtypes (float64, int64): a band's largest chunk is
+#: counted in it, which bounds every smaller element's (their chunks round up less)
+WIDEST_ELEMENT = 8
+#: the default slot share of an entry without a band (``build_program``'s ``chunk_bytes``)
+DEFAULT_CHUNK_BYTES = 1 << 20
+
+
+def band_chunk_bytes(max_bytes: int, nchunks: int, max_step_chunks: int = 1) -> int:
+    """The ``chunk_bytes`` (FIFO slot size) of an entry whose band ends at ``max_bytes`` (full
+    buffer): the smallest whose every chunk's share holds one chunk of the band's largest call in
+    one micro-batch under LL too (an LL line carries half its bytes: ``abi.ll_share_bytes``), so a
+    call in the band runs the fewest micro-batches and the run-time channel rule
+    (:func:`hccc.compiler.passes.channels.device_channels`: no channel with less than 16 KiB of a
+    full slice) gives it channels by the band's size, not by a 1 MiB slot's; at least 16 bytes a
+    chunk of a step, at most :data:`DEFAULT_CHUNK_BYTES`."""
+    from hccc.compiler.passes.slicing import SLICE_ALIGN
+    n, w = max(1, int(nchunks)), WIDEST_ELEMENT
+    chunk = -(-(-(-int(max_bytes) // w)) // n) * w            # ceil(ceil(bytes / w) / n) elements of w
+    chunk = -(-chunk // SLICE_ALIGN) * SLICE_ALIGN
+    steps = max(1, int(max_step_chunks))
+    return int(min(DEFAULT_CHUNK_BYTES, max(SLICE_ALIGN * steps, 2 * chunk * steps)))
+
+
+def build_entry(make, name: str, max_bytes: int | None):
+    """The ProgramIR of a catalog entry: ``make()`` (an Algorithm, built and proven here, or a
+    ProgramIR built whole; ``make(chunk_bytes=...)`` for the latter) with the default slot, and
+    with :func:`band_chunk_bytes` where the entry has a band (``max_bytes``) that needs less."""
+    from hccc.compiler.ir.program_ir import ProgramIR
+    from hccc.compiler.passes.build import build_program
+    made = make()
+    ir = made if isinstance(made, ProgramIR) else build_program(made, name=name)
+    if max_bytes is not None:
+        cb = band_chunk_bytes(max_bytes, int(ir.nchunks), int(ir.max_step_chunks))
+        if cb < int(ir.chunk_bytes):
+            ir = make(chunk_bytes=cb) if isinstance(made, ProgramIR) else \
+                build_program(made, name=name, chunk_bytes=cb)
+    ir.name = name
+    return ir
+
+
 #: the least group (a power of two) whose small AllGathers within one node take recursive doubling
 #: instead of the one-step program: the kernel cost model (as for :data:`SMALL_BYTES`) puts the
 #: one-step program ahead up to 8 ranks (21.8 us against 23.7 at 4 KiB) and recursive doubling
@@ -139,7 +179,7 @@ def plan(collective: str, world: int, nodes: list[str], root: int | None) -> lis
         else:
             if one_node and world >= 2:
                 from hccc.compiler.ir.one_shot import one_shot_allreduce
-                out.append((f"one_shot_allreduce_{world}", lambda: one_shot_allreduce(world), 0,
+                out.append((f"one_shot_allreduce_{world}", lambda **kw: one_shot_allreduce(world, **kw), 0,
                             one_shot_bytes(world)))
                 if one_shot_bytes(world) < SMALL_BYTES:    # (else the one-shot serves the whole band)
                     out.append((f"direct_allreduce_{world}", lambda: gen.direct_allreduce(world), 0, SMALL_BYTES))
@@ -270,19 +310,15 @@ class BuiltinCatalog(Catalog):
 
     def _entry(self, collective: str, root, name: str, make, lo: int, hi: int | None) -> Entry:
         from hccc.compiler.ir.program_ir_json import decode_json
-        from hccc.compiler.passes.build import build_program
         from hccc.runtime import cache
         from hccc.runtime.launcher import DTYPES, OPS
-        key = cache.content_key("torch-catalog", name, self.world, collective, root, cache.compiler_digest())
+        # (this module's own source too: its band rule sizes the program's slots)
+        key = cache.content_key("torch-catalog", name, self.world, collective, root, hi,
+                                cache.files_digest([Path(__file__).resolve()], root=Path(__file__).resolve().parent),
+                                cache.compiler_digest())
 
         def build(tmp: Path) -> None:
-            from hccc.compiler.ir.program_ir import ProgramIR
-            made = make()                       # an Algorithm, or a ProgramIR built (and proven) whole
-            if isinstance(made, ProgramIR):
-                made.name = name
-            else:
-                made = build_program(made, name=name)
-            (tmp / f"{name}.json").write_text(made.to_json())
+            (tmp / f"{name}.json").write_text(build_entry(make, name, hi).to_json())
         path = cache.entry("torch_catalog", key, build, root=self._cache_dir) / f"{name}.json"
         ir = decode_json(path.read_text())
         return Entry(name=name, path=path, collective=ir.collective, nranks=int(ir.nranks),
@@ -311,4 +347,4 @@ def _digest(path) -> str:
     return hashlib.sha256(read_input_bytes(path)).hexdigest()
 
 
-__all__ = ["BuiltinCatalog", "ONE_SHOT_BYTES", "ONE_SHOT_BANDS", "one_shot_bytes", "RD_ALLGATHER_MIN_RANKS", "SMALL_BYTES", "SYNTH_COLLECTIVES", "SYNTH_TIME_LIMIT_S", "plan"]
+__all__ = ["BuiltinCatalog", "DEFAULT_CHUNK_BYTES", "WIDEST_ELEMENT", "band_chunk_bytes", "build_entry", "ONE_SHOT_BYTES", "ONE_SHOT_BANDS", "one_shot_bytes", "RD_ALLGATHER_MIN_RANKS", "SMALL_BYTES", "SYNTH_COLLECTIVES", "SYNTH_TIME_LIMIT_S", "plan"]
