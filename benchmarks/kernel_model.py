@@ -664,9 +664,13 @@ def next_run_predictions() -> list[dict]:
     rows.append({"what": "ring AllReduce 8 at 4 KiB, fused, ll (fused LL chains: the design; GPU builds run unit by unit today)", "predicted_us": round(t.total * 1e6, 1),
                  "launch_us": round(t.launch * 1e6, 1), "path_us": round(t.path * 1e6, 1), "units": t.units,
                  "hops": t.hops, "target": "<= 15 us; per hop <= 1 us"})
-    # the small-message programs the built-in catalog picks within a node (one dependent hop each)
-    for name, ir in (("one-shot AllReduce 8", load_program(ROOT / "examples" / "one_shot_allreduce_8.json")),
-                     ("one-step AllGather 8", load_program(ROOT / "examples" / "direct_allgather_8.rccl"))):
+    # the small-message programs the built-in catalog picks within a node (one dependent hop each),
+    # as it builds them (their slots sized to their band: builtin_catalog.build_entry)
+    from hccc.builtin_catalog import build_entry, plan
+    picks = {n: build_entry(make, n, hi) for c in ("allreduce", "allgather")
+             for n, make, _lo, hi in plan(c, 8, ["node"] * 8, None) if hi is not None}
+    for name, ir in (("one-shot AllReduce 8", picks["one_shot_allreduce_8"]),
+                     ("one-step AllGather 8", picks["direct_allgather_8"])):
         t = predict(ir, 4096, c, kernels="v4", sms=sms, proto="ll")
         rows.append({"what": f"{name} at 4 KiB, ll", "predicted_us": round(t.total * 1e6, 1),
                      "launch_us": round(t.launch * 1e6, 1), "path_us": round(t.path * 1e6, 1), "units": t.units,
