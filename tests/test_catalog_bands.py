@@ -6,7 +6,6 @@ then gives the small-message programs channels by their band's size; entries wit
 the default slot; and the programs still run correctly in the CPU emulation."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
