@@ -16,6 +16,12 @@
 //       block runs `rows` NOP rows of one micro-batch and waits for nothing ("engine"; launched
 //       cooperatively too where the platform has it, "engine, cooperative", as a one-grid call is):
 //       `us` one launch alone, start to end (the median), `us_each` one of a back-to-back series
+//   {"exp": "timer", "streams": ..., "kernels": ..., "blocks": ..., "us": ...}
+//       an empty kernel of `blocks` blocks (`kernels` of them, one a stream) timed as the runtime
+//       times a call (hccc.runtime.gpu_timing.GpuTimer with no stream: a gate kernel on a control
+//       stream, the start event behind it, every one of `streams` streams waiting for it, then an
+//       event on each joined on the control stream before the stop event; the gate opened last);
+//       `streams` 0: a plain event pair on one stream (the CPU emulation has only this one)
 // Arguments: quick|full [cpu-scale].
 #include "hccc_prims.h"
 
@@ -242,6 +248,57 @@ HCCC_GLOBAL void anatomy_pingpong(const pp_args x) {
 HCCC_GLOBAL void HCCC_LAUNCH_BOUNDS(512) anatomy_empty(const pp_args x) {
   if (x.rounds < 0 && hccc_tid() == 0) x.flags[0] = 1;   // never taken: keeps the argument live
 }
+#if !defined(HCCC_PLATFORM_CPU)
+// The runtime's gate kernel: spins until the host sets *flag (a mapped host word).
+HCCC_GLOBAL void anatomy_gate(const pp_args x) {
+  if (hccc_tid() != 0) return;
+  while (hccc_load_u32((const uint32_t*)x.flags) == 0u) hccc_spin_pause();
+}
+// `kernels` empty kernels of `blocks` blocks, one on each of the first `kernels` of `nstreams`
+// streams, timed as GpuTimer does with no stream (see the "timer" rows); milliseconds.
+static double gated_ms(int nstreams, int kernels, int blocks, int block) {
+  static std::vector<cudaStream_t> streams;
+  static cudaStream_t ctl = nullptr;
+  if (ctl == nullptr) CK(cudaStreamCreateWithFlags(&ctl, cudaStreamNonBlocking));
+  while ((int)streams.size() < nstreams) {
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    streams.push_back(st);
+  }
+  uint32_t* hflag = nullptr;
+  uint32_t* dflag = nullptr;
+  CK(cudaHostAlloc((void**)&hflag, 8, cudaHostAllocMapped));
+  CK(cudaHostGetDevicePointer((void**)&dflag, hflag, 0));
+  *(volatile uint32_t*)hflag = 0;
+  uint64_t* scratch = (uint64_t*)dmalloc(16 * sizeof(uint64_t));
+  const pp_args e{scratch, 0, 0};
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  anatomy_gate<<<1, 1, 0, ctl>>>(pp_args{(uint64_t*)dflag, 0, 0});
+  CK(cudaEventRecord(e0, ctl));
+  for (int i = 0; i < nstreams; ++i) CK(cudaStreamWaitEvent(streams[i], e0, 0));
+  for (int k = 0; k < kernels; ++k) anatomy_empty<<<blocks, block, 0, streams[k % nstreams]>>>(e);
+  CK(cudaGetLastError());
+  for (int i = 0; i < nstreams; ++i) {
+    cudaEvent_t ev;
+    CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    CK(cudaEventRecord(ev, streams[i]));
+    CK(cudaStreamWaitEvent(ctl, ev, 0));
+    CK(cudaEventDestroy(ev));
+  }
+  CK(cudaEventRecord(e1, ctl));
+  *(volatile uint32_t*)hflag = 1;
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaFreeHost(hflag));
+  dfree(scratch);
+  return ms;
+}
+#endif
 
 // ---------------------------------------------------------------------------- engine units
 struct unit_args {
@@ -597,6 +654,39 @@ int main(int argc, char** argv) {
           fflush(stdout);
         }
     }
+  }
+  // E: the runtime's timer around empty kernels, against a plain event pair
+  {
+    const int block = threads[nthreadsets - 1];
+    const int reps = full ? 20 : 10;
+    uint64_t* f = (uint64_t*)dmalloc(16 * sizeof(uint64_t));
+    const pp_args e{f, 0, 0};
+    for (int blocks : {8, 128}) {
+      std::vector<double> t;
+      for (int r = 0; r < reps + 1; ++r) {
+        const double ms = launch_ms(anatomy_empty, blocks, block, e);
+        if (r > 0) t.push_back(ms * 1000.0);
+      }
+      std::sort(t.begin(), t.end());
+      printf("{\"exp\": \"timer\", \"streams\": 0, \"kernels\": 1, \"blocks\": %d, \"us\": %.3f}\n", blocks,
+             t[t.size() / 2]);
+      fflush(stdout);
+#if !defined(HCCC_PLATFORM_CPU)
+      const int variants[][2] = {{1, 1}, {8, 1}, {8, 8}};
+      for (const auto& v : variants) {
+        std::vector<double> g;
+        for (int r = 0; r < reps + 1; ++r) {
+          const double ms = gated_ms(v[0], v[1], blocks / v[1] > 0 ? blocks / v[1] : 1, block);
+          if (r > 0) g.push_back(ms * 1000.0);
+        }
+        std::sort(g.begin(), g.end());
+        printf("{\"exp\": \"timer\", \"streams\": %d, \"kernels\": %d, \"blocks\": %d, \"us\": %.3f}\n",
+               v[0], v[1], blocks, g[g.size() / 2]);
+        fflush(stdout);
+      }
+#endif
+    }
+    dfree(f);
   }
   printf("{\"exp\": \"done\"}\n");
   return 0;

@@ -17,7 +17,11 @@ Builds ``benchmarks/slot_anatomy.cu`` against the headers hccc emits (the kernel
   empty kernel, and the engine whose every block runs 1 or 16 NOP rows and waits for nothing,
   plainly and cooperatively (as a one-grid call is launched); one launch alone (start to end) and
   one of a back-to-back series. The kernel cost model's launch cost is a hypothesis until a run
-  has these rows (:data:`hccc.compiler.passes.kernel_cost.LAUNCH_SECONDS_PER_BLOCK`).
+  has these rows (:data:`hccc.compiler.passes.kernel_cost.LAUNCH_SECONDS_PER_BLOCK`);
+* **timer**: empty kernels timed as the runtime times a call (``GpuTimer``: a gate kernel on a
+  control stream, every rank's stream waiting for the start event, an event of each joined before
+  the stop event; 1 or 8 streams, one kernel or one a stream) against a plain event pair: what
+  the measurement itself adds to a small call's time.
 
 ``--backend cpu`` builds the same program for the CPU emulation at a hundredth of the sizes: the
 program and this script are tested that way (the times then measure the emulation, not a GPU).
@@ -137,6 +141,13 @@ def tables(rows: list[dict]) -> None:
         if r["exp"] == "launch":
             t.add_row(r["kind"], str(r["blocks"]), str(r["rows"]), str(r["threads"]), f"{r['us']:.1f}",
                       f"{r['us_each']:.1f}")
+    con.print(t)
+    t = Table(title="empty kernels timed as the runtime times a call (streams 0: a plain event pair)")
+    for c in ("streams", "kernels", "blocks", "us"):
+        t.add_column(c, justify="right")
+    for r in rows:
+        if r["exp"] == "timer":
+            t.add_row(str(r["streams"]), str(r["kernels"]), str(r["blocks"]), f"{r['us']:.1f}")
     con.print(t)
 
 

@@ -60,3 +60,7 @@ def test_every_experiment_runs_on_the_cpu_emulation(tmp_path):
         (kind, b, n) for b in (1, 2, 4) for kind, n in
         (("empty", 0), ("engine", 1), ("engine", 16), ("engine, cooperative", 1), ("engine, cooperative", 16))}
     assert all(r["us"] > 0 and r["us_each"] > 0 for r in launches)
+    # the timer rows: the emulation has no streams, only the plain event pair's rows
+    timers = [r for r in rows if r["exp"] == "timer"]
+    assert {(r["streams"], r["kernels"], r["blocks"]) for r in timers} == {(0, 1, 8), (0, 1, 128)}
+    assert all(r["us"] > 0 for r in timers)
