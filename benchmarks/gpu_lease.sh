@@ -7,7 +7,9 @@
 # 2. the GPU tests (pytest -m gpu on the CUDA runtime and communicator tests);
 # 3. benchmarks/gpu_validate.py --quick (its own budget: HCCC_GPU_BUDGET seconds, default 330),
 #    report in $OUT/gpu_validate.md and $OUT/gpu_validate.json.
-# Then copy the figures into benchmarks/recorded/gpu_runs.json and docs/measurements.md.
+# Then record the run for the kernel cost model (benchmarks/recorded/runs/<run>.json) and print its
+# table for docs/measurements.md:
+#     python benchmarks/record_gpu_run.py gpu_out/gpu_validate.json --run sixth --section "The sixth GPU run"
 set -u
 OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"

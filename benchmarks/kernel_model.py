@@ -93,7 +93,9 @@ program's critical path, under LL within LL's share); time = launch + fill + max
 bandwidth, the slowest block's steady time). The v4 LL crossover is the v3 one's for these terms.
 
 The kernel cost model against the recorded runs (``--recorded [--json]``). Every program row of
-every GPU run (``benchmarks/recorded/gpu_runs.json``, transcribed from docs/archive/measurements-log.md) is
+every GPU run (``benchmarks/recorded/gpu_runs.json``, transcribed from docs/archive/measurements-log.md,
+then ``benchmarks/recorded/runs/*.json``, each written by ``benchmarks/record_gpu_run.py`` from a
+``gpu_validate.py --quick --json`` report) is
 predicted from that run's own unit-level figures (:func:`run_costs`): the model
 (:func:`hccc.runtime.kernel_time.program_time`) composes the units of the program's
 ProgramIR as the run launched it (every rank on the one GPU, the run-time channel rule, the
@@ -437,10 +439,34 @@ HYPOTHESES = {
 }
 
 
-def load_recorded(path: Path = RECORDED) -> dict:
-    """The recorded runs (``benchmarks/recorded/gpu_runs.json``), by run name."""
+#: runs recorded by ``benchmarks/record_gpu_run.py`` from a ``gpu_validate.py --quick --json``
+#: report, one file each (``<run>.json``), after those of :data:`RECORDED` in their ``recorded`` order
+RECORDED_RUNS = ROOT / "benchmarks" / "recorded" / "runs"
+
+
+def load_recorded(path: Path = RECORDED, runs_dir: Path | None = None) -> dict:
+    """The recorded runs (``benchmarks/recorded/gpu_runs.json``, then every run file of
+    ``runs_dir``, default :data:`RECORDED_RUNS` beside the default ``path``), by run name."""
     data = json.loads(Path(path).read_text())
-    return {r["run"]: r for r in data["runs"]}
+    runs = {r["run"]: r for r in data["runs"]}
+    if runs_dir is None and Path(path) == RECORDED:
+        runs_dir = RECORDED_RUNS
+    extra = [json.loads(f.read_text()) for f in sorted(Path(runs_dir).glob("*.json"))] if runs_dir else []
+    for r in sorted(extra, key=lambda r: (str(r.get("recorded", "")), r["run"])):
+        if r["run"] in runs:
+            raise ValueError(f"recorded run {r['run']!r} twice")
+        runs[r["run"]] = r
+    return runs
+
+
+def example_program(row: dict):
+    """The ProgramIR of a recorded row: ``examples/<program>.rccl`` or ``.json``, compiled with
+    the row's ``fuse`` (``--fuse``) where it has one."""
+    from hccc.compiler.pipeline import CompileOptions, load_program
+    path = ROOT / "examples" / f"{row['program']}.rccl"
+    if not path.exists():
+        path = path.with_suffix(".json")
+    return load_program(path, CompileOptions(fuse=row["fuse"]) if row.get("fuse") else None)
 
 
 #: the ping-pong flavour of ``slot_anatomy`` whose round trip is the kernels' own ordering (its
@@ -579,14 +605,17 @@ def _hypothesis(run: dict, row: dict) -> str:
 
 
 def recorded(path: Path = RECORDED) -> list[dict]:
-    """Every program row of every recorded run with the model's time from that run's own unit-level
-    figures (:func:`run_costs`), its parts and its verdict: ``explained`` (within
-    ``EXPLAINED_WITHIN``), ``calibration`` (the row the run's launch cost is taken from),
-    ``unexplained`` (with its hypothesis) or ``not predicted`` (a program the repository does not
-    hold)."""
-    from hccc.compiler.pipeline import load_program
+    """Every program row of every recorded run (:func:`load_recorded`) with the model's time
+    from that run's own unit-level figures: :func:`recorded_runs`."""
+    return recorded_runs(load_recorded(path))
 
-    runs = load_recorded(path)
+
+def recorded_runs(runs: dict) -> list[dict]:
+    """Every program row of ``runs`` (by name, as :func:`load_recorded` gives them) with the
+    model's time from that run's own unit-level figures (:func:`run_costs`), its parts and its
+    verdict: ``explained`` (within ``EXPLAINED_WITHIN``), ``calibration`` (the row the run's launch
+    cost is taken from), ``unexplained`` (with its hypothesis) or ``not predicted`` (a program the
+    repository does not hold)."""
     irs: dict = {}
     out = []
     for run in runs.values():
@@ -594,9 +623,10 @@ def recorded(path: Path = RECORDED) -> list[dict]:
         slice_costs = V4_SLICE_COSTS if run["kernels"] == "v4" else {}
 
         def one(row, costs):
-            ir = irs.get(row["program"])
+            key = (row["program"], row.get("fuse"))
+            ir = irs.get(key)
             if ir is None:
-                ir = irs[row["program"]] = load_program(ROOT / "examples" / f"{row['program']}.rccl")
+                ir = irs[key] = example_program(row)
             return predict(ir, row["bytes"], costs, kernels=run["kernels"], sms=run["sms"], proto=row["proto"],
                            slice_bytes=row.get("slice"), slice_costs=slice_costs.get(row["proto"]))
 
@@ -610,7 +640,7 @@ def recorded(path: Path = RECORDED) -> list[dict]:
         for row in run["rows"]:
             rec = {"run": run["run"], "card": run["card"], "kernels": run["kernels"], "program": row["program"],
                    "bytes": row["bytes"], "proto": row["proto"], "placement": row["placement"],
-                   "slice": row.get("slice"), "measured_us": row["us"], "predicted_us": None}
+                   "slice": row.get("slice"), "fuse": row.get("fuse"), "measured_us": row["us"], "predicted_us": None}
             if row.get("not_in_repository"):
                 rec.update(verdict="not predicted", hypothesis="the program was synthesised for the run and is "
                                                                "not in the repository")

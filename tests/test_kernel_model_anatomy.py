@@ -160,3 +160,82 @@ def test_the_emulations_own_anatomy_gives_costs(tmp_path):
     assert set(c.unit_us) == set(kc.UNIT_US) and c.flag_round_trip_us > 0
     assert [b for b, _ in c.launch_us_by_blocks] == [1, 2, 4]
     assert c.launch_seconds(4) >= 0 and c.copy_rate(64 * 1024, 1) > 0
+
+
+# ----------------------------------------------------------------------------- recording a run
+def _report(tmp_path, backend="cuda", slot=True):
+    """A gpu_validate --quick --json report as a GPU run would write it (its step data's shapes)."""
+    ex = ROOT / "examples"
+
+    def run(prog, size, proto, *, fuse=None, inplace=False, us=100.0, wrong=0, stuck=None, slice_=None):
+        argv = ["run", str(prog), "--backend", backend, "--sizes", str(size), "--proto", proto]
+        argv += ["--fuse", fuse] if fuse else []
+        argv += ["--slice-size", str(slice_)] if slice_ else []
+        return {"argv": argv + ["--json"], "rc": 0,
+                "result": {"algorithm": Path(prog).stem, "results": [
+                    {"bytes": size, "proto": proto, "inplace": inplace, "wrong": wrong, "time_us": us,
+                     "stuck": stuck}]}}
+    steps = [{"group": "env", "name": "environment", "status": "ok", "data": {"gpu": "NVIDIA H200", "sms": 132}},
+             {"group": "copy", "name": "device copy", "status": "ok", "data": {"hbm_gbps": 4200.0}}]
+    if slot:
+        steps.append({"group": "slot", "name": "slot_anatomy --quick", "status": "ok",
+                      "data": {"json": {"rows": _anatomy()}}})
+    steps += [
+        {"group": "latency", "name": "ring_allreduce_8 4K", "status": "ok", "data": {"runs": [
+            run(ex / "ring_allreduce_8.rccl", 4096, "ll", us=150.0),
+            run(ex / "ring_allreduce_8.rccl", 4096, "ll", fuse="on", us=120.0),
+            run(ex / "ring_allreduce_8.rccl", 4096, "simple", wrong=3)]}},
+        {"group": "latency", "name": "one_shot_allreduce_8 4K", "status": "ok", "data": {"runs": [
+            run(ex / "one_shot_allreduce_8.json", 4096, "ll", us=60.0)]}},
+        {"group": "hm", "name": "hm_allreduce_4x8 32M", "status": "ok", "data": {"runs": [
+            run(ex / "hm_allreduce_4x8.rccl", 32 << 20, "simple", inplace=True, slice_=65536, us=9000.0),
+            run(ex / "hm_allreduce_4x8.rccl", 32 << 20, "simple", stuck="rank 3, TB 1 stuck")]}},
+        {"group": "examples", "name": "ring_allreduce_8", "status": "ok", "data": {"runs": [
+            run(ex / "ring_allreduce_8.rccl", 4096, "ll", us=151.0)]}},
+        {"group": "pathology", "name": "synth", "status": "ok", "data": {"runs": [
+            run(tmp_path / "synth_x.json", 64 << 20, "simple", us=3000.0)]}},
+        {"group": "torch", "name": "torch", "status": "ok", "data": {"rows": []}},
+    ]
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({"backend": backend, "steps": steps}))
+    return path
+
+
+def test_a_gpu_report_is_recorded_as_a_run_the_model_predicts_from_its_own_anatomy(tmp_path, capsys):
+    rec, km = _script("record_gpu_run"), _script("kernel_model")
+    runs = tmp_path / "runs"
+    assert rec.main([str(_report(tmp_path)), "--run", "sixth", "--section", "The sixth GPU run",
+                     "--runs-dir", str(runs)]) == 0
+    out = capsys.readouterr().out
+    run = json.loads((runs / "sixth.json").read_text())
+    assert (run["card"], run["sms"], run["kernels"], run["units"]["hbm_tbs"]) == ("H200", 132, "v5", 4.2)
+    assert run["units"]["anatomy"] == _anatomy()
+    key = {(r["program"], r["bytes"], r["proto"], r["placement"], r.get("slice"), r.get("fuse"), r["us"],
+            bool(r.get("not_in_repository"))) for r in run["rows"]}
+    assert key == {("ring_allreduce_8", 4096, "ll", "out", None, None, 150.0, False),
+                   ("ring_allreduce_8", 4096, "ll", "out", None, "on", 120.0, False),
+                   ("one_shot_allreduce_8", 4096, "ll", "out", None, None, 60.0, False),
+                   ("hm_allreduce_4x8", 32 << 20, "simple", "in", 65536, None, 9000.0, False),
+                   ("synth_x", 64 << 20, "simple", "out", None, None, 3000.0, True)}
+    # the wrong, the stuck and the repeated rows are named, not recorded
+    assert out.count("left out:") == 3 and "3 wrong" in out and "stuck" in out and "measured again" in out
+    # read back with the other runs: predicted from its anatomy, no calibration row, every row a verdict
+    runs_read = km.load_recorded(km.RECORDED, runs)
+    assert list(runs_read)[-1] == "sixth" and runs_read["sixth"] == run
+    rows = km.recorded_runs({"sixth": runs_read["sixth"]})
+    assert len(rows) == 5 and not any(r["verdict"] == "calibration" for r in rows)
+    assert all(r["predicted_us"] > 0 for r in rows if r["program"] != "synth_x")
+    assert "| ring_allreduce_8 | 4K | ll | on | out | auto | 120.0 |" in out
+    # a second record of the same name is refused, and the first is left as it was
+    before = (runs / "sixth.json").read_text()
+    assert rec.main([str(_report(tmp_path)), "--run", "sixth", "--section", "x", "--runs-dir", str(runs)]) == 1
+    assert "already recorded" in capsys.readouterr().err and (runs / "sixth.json").read_text() == before
+
+
+@pytest.mark.parametrize("kw, says", [({"backend": "cpu"}, "only GPU runs"), ({"slot": False}, "no slot step")])
+def test_a_report_that_cannot_be_recorded_is_refused_and_nothing_written(tmp_path, capsys, kw, says):
+    rec = _script("record_gpu_run")
+    runs = tmp_path / "runs"
+    assert rec.main([str(_report(tmp_path, **kw)), "--run", "x", "--section", "x", "--runs-dir", str(runs)]) == 1
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and not runs.exists()
