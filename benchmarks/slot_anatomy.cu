@@ -96,55 +96,45 @@ static void dfree(void* p) { CK(cudaFree(p)); }
 static void dset(void* p, int v, size_t n) { CK(cudaMemset(p, v, n)); }
 static void h2d(void* d, const void* h, size_t n) { CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)); }
 static void d2h(void* h, const void* d, size_t n) { CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost)); }
-template <typename Args>
-static double launch_ms(void (*kernel)(Args), int grid, int block, const Args& a) {
+// Milliseconds between an event recorded on `stream`, what `enqueue` queues and an event after it;
+// `before_wait` runs once both are queued (the gated timer opens its gate there).
+template <typename F, typename G>
+static double timed_ms(cudaStream_t stream, F&& enqueue, G&& before_wait) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  CK(cudaEventRecord(e0));
-  kernel<<<grid, block>>>(a);
+  CK(cudaEventRecord(e0, stream));
+  enqueue();
   CK(cudaGetLastError());
-  CK(cudaEventRecord(e1));
+  CK(cudaEventRecord(e1, stream));
+  before_wait();
   CK(cudaEventSynchronize(e1));
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, e0, e1));
   CK(cudaEventDestroy(e0));
   CK(cudaEventDestroy(e1));
   return ms;
+}
+template <typename F>
+static double timed_ms(F&& enqueue) {
+  return timed_ms(0, enqueue, [] {});
+}
+template <typename Args>
+static double launch_ms(void (*kernel)(Args), int grid, int block, const Args& a) {
+  return timed_ms([&] { kernel<<<grid, block>>>(a); });
 }
 // One cooperative launch (as the runtime launches a one-grid call); milliseconds.
 template <typename Args>
 static double launch_coop_ms(void (*kernel)(Args), int grid, int block, const Args& a) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   void* params[] = {(void*)&a};
-  CK(cudaEventRecord(e0));
-  CK(cudaLaunchCooperativeKernel((const void*)kernel, grid, block, params, 0, 0));
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return ms;
+  return timed_ms([&] { CK(cudaLaunchCooperativeKernel((const void*)kernel, grid, block, params, 0, 0)); });
 }
 // `n` launches back to back between two events; milliseconds for each.
 template <typename Args>
 static double launch_series_ms(void (*kernel)(Args), int grid, int block, const Args& a, int n) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaEventRecord(e0));
-  for (int i = 0; i < n; ++i) kernel<<<grid, block>>>(a);
-  CK(cudaGetLastError());
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return ms / n;
+  return timed_ms([&] {
+           for (int i = 0; i < n; ++i) kernel<<<grid, block>>>(a);
+         }) / n;
 }
 static bool has_cooperative_launch() {
   int dev = 0, coop = 0;
@@ -272,28 +262,26 @@ static double gated_ms(int nstreams, int kernels, int blocks, int block) {
   *(volatile uint32_t*)hflag = 0;
   uint64_t* scratch = (uint64_t*)dmalloc(16 * sizeof(uint64_t));
   const pp_args e{scratch, 0, 0};
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   anatomy_gate<<<1, 1, 0, ctl>>>(pp_args{(uint64_t*)dflag, 0, 0});
-  CK(cudaEventRecord(e0, ctl));
-  for (int i = 0; i < nstreams; ++i) CK(cudaStreamWaitEvent(streams[i], e0, 0));
-  for (int k = 0; k < kernels; ++k) anatomy_empty<<<blocks, block, 0, streams[k % nstreams]>>>(e);
-  CK(cudaGetLastError());
-  for (int i = 0; i < nstreams; ++i) {
-    cudaEvent_t ev;
-    CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    CK(cudaEventRecord(ev, streams[i]));
-    CK(cudaStreamWaitEvent(ctl, ev, 0));
-    CK(cudaEventDestroy(ev));
-  }
-  CK(cudaEventRecord(e1, ctl));
-  *(volatile uint32_t*)hflag = 1;
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
+  const double ms = timed_ms(
+      ctl,
+      [&] {
+        cudaEvent_t e0;
+        CK(cudaEventCreateWithFlags(&e0, cudaEventDisableTiming));
+        CK(cudaEventRecord(e0, ctl));
+        for (int i = 0; i < nstreams; ++i) CK(cudaStreamWaitEvent(streams[i], e0, 0));
+        CK(cudaEventDestroy(e0));
+        for (int k = 0; k < kernels; ++k) anatomy_empty<<<blocks, block, 0, streams[k % nstreams]>>>(e);
+        CK(cudaGetLastError());
+        for (int i = 0; i < nstreams; ++i) {
+          cudaEvent_t ev;
+          CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+          CK(cudaEventRecord(ev, streams[i]));
+          CK(cudaStreamWaitEvent(ctl, ev, 0));
+          CK(cudaEventDestroy(ev));
+        }
+      },
+      [&] { *(volatile uint32_t*)hflag = 1; });
   CK(cudaFreeHost(hflag));
   dfree(scratch);
   return ms;

@@ -100,55 +100,45 @@ def run(exe: Path, quick: bool, scale: float, timeout: float) -> list[dict]:
     return rows[:-1]
 
 
+#: the tables :func:`tables` prints after the device line: (title, the rows' experiment, columns
+#: (the first left-aligned), each row's cells)
+TABLES = (
+    ("flag ping-pong between two SMs", "pingpong", ("ordering", "us a round trip"),
+     lambda r: (r["flavour"], f"{r['us_round_trip']:.3f}")),
+    ("one unit beyond its bytes (slope over units, peers pre-satisfied)", "unit_cost",
+     ("op", "threads", "us a unit", "points"),
+     lambda r: (r["op"], str(r["threads"]), "-" if r["us_per_unit"] is None else f"{r['us_per_unit']:.3f}",
+                str(r["points"]))),
+    ("one block's copy engine (COPY units)", "copy", ("threads", "unit", "GB/s", "correct"),
+     lambda r: (str(r["threads"]), f"{r['slice'] // 1024} KiB", f"{r['GBps']:.1f}", str(r["correct"]))),
+    ("block 0's COPY units, alone and beside a full grid of waiting blocks", "grid", ("blocks", "threads", "us"),
+     lambda r: (str(r["blocks"]), str(r["threads"]), f"{r['us']:.1f}")),
+    ("a launch by its blocks (us: one alone, start to end; each: one of a series)", "launch",
+     ("kind", "blocks", "rows a block", "threads", "us", "us each"),
+     lambda r: (r["kind"], str(r["blocks"]), str(r["rows"]), str(r["threads"]), f"{r['us']:.1f}",
+                f"{r['us_each']:.1f}")),
+    ("empty kernels timed as the runtime times a call (streams 0: a plain event pair)", "timer",
+     ("streams", "kernels", "blocks", "us"),
+     lambda r: (str(r["streams"]), str(r["kernels"]), str(r["blocks"]), f"{r['us']:.1f}")),
+)
+
+
 def tables(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
     con = Console(width=140)
     dev = next((r for r in rows if r["exp"] == "device"), {})
     con.print(f"# {dev.get('name', '?')}: warp {dev.get('warp')}, {dev.get('nslots')} slots a connection")
-    t = Table(title="flag ping-pong between two SMs")
-    t.add_column("ordering")
-    t.add_column("us a round trip", justify="right")
-    for r in rows:
-        if r["exp"] == "pingpong":
-            t.add_row(r["flavour"], f"{r['us_round_trip']:.3f}")
-    con.print(t)
-    t = Table(title="one unit beyond its bytes (slope over units, peers pre-satisfied)")
-    for c in ("op", "threads", "us a unit", "points"):
-        t.add_column(c, justify="right" if c != "op" else "left")
-    for r in sorted(fits(rows), key=lambda r: (r["op"], r["threads"])):
-        s = r["us_per_unit"]
-        t.add_row(r["op"], str(r["threads"]), "-" if s is None else f"{s:.3f}", str(r["points"]))
-    con.print(t)
-    t = Table(title="one block's copy engine (COPY units)")
-    for c in ("threads", "unit", "GB/s", "correct"):
-        t.add_column(c, justify="right")
-    for r in rows:
-        if r["exp"] == "copy":
-            t.add_row(str(r["threads"]), f"{r['slice'] // 1024} KiB", f"{r['GBps']:.1f}", str(r["correct"]))
-    con.print(t)
-    t = Table(title="block 0's COPY units, alone and beside a full grid of waiting blocks")
-    for c in ("blocks", "threads", "us"):
-        t.add_column(c, justify="right")
-    for r in rows:
-        if r["exp"] == "grid":
-            t.add_row(str(r["blocks"]), str(r["threads"]), f"{r['us']:.1f}")
-    con.print(t)
-    t = Table(title="a launch by its blocks (us: one alone, start to end; each: one of a series)")
-    for c in ("kind", "blocks", "rows a block", "threads", "us", "us each"):
-        t.add_column(c, justify="right" if c != "kind" else "left")
-    for r in rows:
-        if r["exp"] == "launch":
-            t.add_row(r["kind"], str(r["blocks"]), str(r["rows"]), str(r["threads"]), f"{r['us']:.1f}",
-                      f"{r['us_each']:.1f}")
-    con.print(t)
-    t = Table(title="empty kernels timed as the runtime times a call (streams 0: a plain event pair)")
-    for c in ("streams", "kernels", "blocks", "us"):
-        t.add_column(c, justify="right")
-    for r in rows:
-        if r["exp"] == "timer":
-            t.add_row(str(r["streams"]), str(r["kernels"]), str(r["blocks"]), f"{r['us']:.1f}")
-    con.print(t)
+    for title, exp, columns, cells in TABLES:
+        t = Table(title=title)
+        for i, c in enumerate(columns):
+            t.add_column(c, justify="left" if i == 0 and exp in ("pingpong", "unit_cost", "launch") else "right")
+        mine = [r for r in rows if r["exp"] == exp]
+        if exp == "unit_cost":
+            mine.sort(key=lambda r: (r["op"], r["threads"]))
+        for r in mine:
+            t.add_row(*cells(r))
+        con.print(t)
 
 
 def main(argv: list[str] | None = None) -> int:

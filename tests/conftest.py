@@ -181,6 +181,20 @@ def examples(n: int) -> int:
 TORCH_MISSING = "torch is not installed (the 'test' extra installs it: pip install -e '.[test]')"
 
 
+def benchmark_script(name: str):
+    """``benchmarks/<name>.py`` as a module (a script, not part of the package), loaded once a
+    process under its own name (dataclasses and the scripts' imports of each other look it up)."""
+    import importlib.util
+    import sys
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
 def needs_torch(module: str = "torch"):
     """``module`` (torch or one of its modules) imported, or the test (or, at a module's top, the
     module) skipped, naming the extra that installs torch (:data:`TORCH_MISSING`); a failure where

@@ -15,7 +15,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
@@ -26,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import benchmark_script
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.ir.program_ir import Op
 from hccc.compiler.passes import kernel_cost as kc
@@ -38,14 +38,7 @@ DATA = ROOT / "benchmarks" / "recorded" / "gpu_runs.json"
 DOC = ROOT / "docs" / "archive" / "measurements-log.md"   # the GPU runs' tables, word for word
 
 
-def _script(name):
-    """benchmarks/<name>.py as a module (a script, not part of the package)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+_script = benchmark_script
 
 
 def _runs() -> dict:

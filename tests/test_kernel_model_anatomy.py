@@ -4,10 +4,8 @@ launches): what the next GPU run's rows are predicted from, checked here on hand
 recorded run that carries them, and on the rows the CPU emulation's slot anatomy prints."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -15,19 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import benchmark_script
 from hccc.compiler.passes import kernel_cost as kc
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "recorded" / "gpu_runs.json"
 
 
-def _script(name):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+_script = benchmark_script
 
 
 def _costs(points=(), per_block=1e-6):

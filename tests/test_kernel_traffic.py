@@ -6,7 +6,6 @@ own independent count of sent bytes (benchmarks/gpu_busbw.py bytes_moved).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import benchmark_script
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.runtime.kernel_traffic import traffic
@@ -23,14 +23,7 @@ from hccc.testing import valid_programs
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _script(name):
-    """benchmarks/<name>.py as a module (a script, not part of the package)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod                     # dataclasses look their module up
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+_script = benchmark_script
 
 
 @pytest.mark.parametrize("n", [3, 4, 8])
