@@ -91,13 +91,32 @@ def build(backend: str, workdir: Path) -> Path:
     return exe
 
 
-def run(exe: Path, quick: bool, scale: float, timeout: float) -> list[dict]:
-    res = subprocess.run([str(exe), "quick" if quick else "full", repr(scale)], capture_output=True,
-                         text=True, timeout=timeout)
-    rows = [json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")]
-    if res.returncode != 0 or not rows or rows[-1].get("exp") != "done":
-        raise SystemExit(f"slot_anatomy: the program failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
-    return rows[:-1]
+def _text(out) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+
+
+def run(exe: Path, quick: bool, scale: float, timeout: float) -> tuple[list[dict], str | None]:
+    """(the rows the program printed, None, or why it stopped short: its exit status or the
+    timeout, with the end of its stderr). The rows of a program that stopped short are kept: a
+    failure in a late experiment (a launch the device refuses) costs that experiment only."""
+    try:
+        res = subprocess.run([str(exe), "quick" if quick else "full", repr(scale)], capture_output=True,
+                             text=True, timeout=timeout)
+        out, err, why = res.stdout, res.stderr, (None if res.returncode == 0 else f"exit {res.returncode}")
+    except subprocess.TimeoutExpired as exc:
+        out, err, why = _text(exc.stdout), _text(exc.stderr), f"did not finish in {timeout:.0f} s"
+    rows = []
+    for ln in out.splitlines():
+        if ln.startswith("{"):
+            try:
+                rows.append(json.loads(ln))
+            except json.JSONDecodeError:      # a line cut short by the end of the program
+                break
+    if rows and rows[-1].get("exp") == "done":
+        rows.pop()
+    elif why is None:
+        why = "its output ended before the last experiment"
+    return rows, None if why is None else f"{why}: {err[-3000:]}".rstrip(": ")
 
 
 #: the tables :func:`tables` prints after the device line: (title, the rows' experiment, columns
@@ -156,16 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     scale = 0.01 if backend == "cpu" else 1.0
     with tempfile.TemporaryDirectory() as d:
         exe = build(backend, Path(d))
-        try:
-            rows = run(exe, args.quick, scale, args.timeout)
-        except subprocess.TimeoutExpired:
-            print(f"slot_anatomy: the program did not finish in {args.timeout:.0f} s", file=sys.stderr)
-            return 1
+        rows, why = run(exe, args.quick, scale, args.timeout)
+    if why:
+        print(f"slot_anatomy: the program stopped short ({why}); the {len(rows)} rows it printed are kept",
+              file=sys.stderr)
     rows += fits(rows)
     tables(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"backend": backend, "rows": rows}, indent=1) + "\n")
-    return 0
+        Path(args.json).write_text(json.dumps({"backend": backend, "rows": rows, "incomplete": why}, indent=1)
+                                   + "\n")
+    return 1 if why else 0
 
 
 if __name__ == "__main__":

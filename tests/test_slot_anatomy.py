@@ -64,3 +64,22 @@ def test_every_experiment_runs_on_the_cpu_emulation(tmp_path):
     timers = [r for r in rows if r["exp"] == "timer"]
     assert {(r["streams"], r["kernels"], r["blocks"]) for r in timers} == {(0, 1, 8), (0, 1, 128)}
     assert all(r["us"] > 0 for r in timers)
+
+
+@pytest.mark.parametrize("body, why", [
+    ('echo \'{"exp": "device", "name": "x"}\'; echo \'{"exp": "copy", "GBps": 1}\'; echo boom >&2; exit 3',
+     "exit 3"),
+    ('echo \'{"exp": "device", "name": "x"}\'; echo \'{"exp": "copy", "GBps": 1}\'; exec sleep 30', "did not finish"),
+    ('echo \'{"exp": "device", "name": "x"}\'; echo \'{"exp": "copy", "GBps": 1}\'; echo \'{"exp": "co\'',
+     "ended before"),
+])
+def test_a_program_that_stops_short_keeps_the_rows_it_printed(tmp_path, body, why):
+    sa = _module()
+    exe = tmp_path / "prog"
+    exe.write_text("#!/bin/sh\n" + body + "\n")
+    exe.chmod(0o755)
+    rows, got = sa.run(exe, True, 1.0, timeout=1.0)
+    assert rows == [{"exp": "device", "name": "x"}, {"exp": "copy", "GBps": 1}]
+    assert got is not None and why in got and ("boom" in got) == (why == "exit 3")
+    exe.write_text('#!/bin/sh\necho \'{"exp": "device"}\'; echo \'{"exp": "done"}\'\n')
+    assert sa.run(exe, True, 1.0, timeout=3.0) == ([{"exp": "device"}], None)
