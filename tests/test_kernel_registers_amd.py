@@ -14,8 +14,8 @@ system-scope builds, every rank kernel and the one-grid entry:
 * the private segment (scratch) is the engine's call frame only, at most :data:`STACK_BYTES`
   (the kernels call the engine ``hccc_run``, which saves the registers it must keep across its
   own calls there): a kernel adds nothing of its own, since it passes the engine its argument's
-  address in the kernarg segment (``hccc_kernel_arg``; ``&a`` made hipcc copy the 176-byte
-  ``hccc_args`` into every rank kernel's frame). Measured with ROCm 5.2: 64 bytes on gfx90a
+  address in the kernarg segment (``hccc_kernel_arg``; ``&a`` made hipcc copy the 160-byte
+  ``hccc_args`` into every rank kernel's frame, 176 bytes of it). Measured with ROCm 5.2: 64 bytes on gfx90a
   (100 with the fused LL chains' code, which every build here carries:
   ``ll_chains.CHAIN_PLATFORMS``), 32 on gfx1030 float32 sum, 176 on gfx1030 bfloat16 max;
 * the per-unit path calls nothing but the once-per-primitive ``hccc_sprim_load`` (none where the
@@ -203,7 +203,7 @@ def test_hip_builds_run_fused_ll_chains_within_the_frame_bound(tmp_path, arch):
     no define): ring AllReduce 8 fused (its chain rows marked), float32 sum, system scope, calls
     hccc_chain_enter from its engine, and every kernel keeps no spill and a private segment within
     STACK_BYTES. (Until the kernels passed their argument in place, a gfx90a rank kernel's frame
-    with the chains was 276 bytes: the engine's 100 and a 176-byte copy of hccc_args.)"""
+    with the chains was 276 bytes: the engine's 100 and 176 for a copy of the 160-byte hccc_args.)"""
     from hccc.compiler.ir.ll_chains import CHAIN_PLATFORMS
     assert "hip" in CHAIN_PLATFORMS
     asm, man = _build(tmp_path, "ring_allreduce_8", "float32", "sum", False, arch, True)
@@ -218,6 +218,35 @@ def test_hip_builds_run_fused_ll_chains_within_the_frame_bound(tmp_path, arch):
     for name, v in kernels.items():
         assert v["sgpr_spill_count"] == "0" and v["vgpr_spill_count"] == "0", (name, v)
         assert int(v["private_segment_fixed_size"]) <= STACK_BYTES, (name, v)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH))
+def test_amd_table_kernels_have_the_engines_frame_alone(tmp_path, arch):
+    """The table mode's generic kernels (ring AllReduce 8's table, float32 sum, system scope): the
+    rank entry passes its hccc_table_args in place too (hccc_kernel_arg; with ``&a`` its frame was
+    the engine's plus 176 bytes for a copy: 240 on gfx90a), so each entry's private segment is
+    its engine's frame, and nothing spills."""
+    tool = require_tool("hipcc")
+    from hccc.compiler.backend.table_codegen import generate_table
+    ir = load_program(ROOT / "examples" / "ring_allreduce_8.rccl")
+    generate_table(ir, tmp_path, platforms=["hip"] * ir.nranks)
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    src, out = tmp_path / "all.hip", tmp_path / "all.s"
+    src.write_text(translation_unit(man, Instance("float32", "sum"), list(range(ir.nranks)), "hip"))
+    res = subprocess.run([tool, *hip_flags(arch, False, output=("--cuda-device-only", "-S")), "-I", str(tmp_path),
+                          "-o", str(out), str(src)], capture_output=True, text=True,
+                         env=dict(os.environ, HIP_PLATFORM="amd"), timeout=1800)
+    assert res.returncode == 0, res.stderr[-3000:]
+    asm = out.read_text()
+    kernels = {k: v for k, v in kernel_metadata(asm).items() if k != "hccc_runtime_gate"}
+    assert set(kernels) == {"hccc_table_float32_sum", "hccc_table_grid_float32_sum"}, sorted(kernels)
+    funcs = functions(asm)
+    engines = [n for n in funcs if n.startswith("_Z8hccc_runI")]
+    assert len(engines) == 1, engines
+    frame = engine_scratch(funcs[engines[0]])
+    for name, v in kernels.items():
+        assert v["sgpr_spill_count"] == "0" and v["vgpr_spill_count"] == "0", (name, v)
+        assert int(v["private_segment_fixed_size"]) == frame <= STACK_BYTES, (name, v, frame)
 
 
 def test_the_parsers_on_a_sample():
