@@ -683,12 +683,12 @@ def next_run_predictions() -> list[dict]:
                      "launch_us": round(t.launch * 1e6, 1), "path_us": round(t.path * 1e6, 1), "units": t.units,
                      "target": "<= 15 us (one-shot: 8 us)"})
     # fused (--fuse) under LL: the forwarding primitives run as fused LL chains in the data threads
-    # (codegen marks them, hccc.compiler.ir.ll_chains; CUDA builds and the CPU emulation run them)
+    # (codegen marks them, hccc.compiler.ir.ll_chains; CUDA and HIP builds and the CPU emulation run them)
     from hccc.compiler.pipeline import CompileOptions
     arf = load_program(ALGORITHMS["ring_allreduce_8"], CompileOptions(fuse="on"))
     t = predict(arf, 4096, c, kernels="v4", sms=sms, proto="ll")
     rows.append({"what": "per hop in a fused LL chain (half a flag round trip + a 4 KiB unit's lines, no unit cost; "
-                         "CUDA builds, not HIP's)",
+                         "CUDA and HIP builds)",
                  "predicted_us": round((c.hop_seconds() + c.bytes_seconds(4096 / kc.LL_DATA_FRACTION, 16)) * 1e6, 3),
                  "target": "<= 1 us"})
     rows.append({"what": "ring AllReduce 8 at 4 KiB, fused, ll (fused LL chains: the design; GPU builds run unit by unit today)", "predicted_us": round(t.total * 1e6, 1),

@@ -17,9 +17,8 @@ previous unit (or the launch), which it waits for no data to take: its units wai
 fence or sync lane, so a line's path through a rank is a hop and the line's move (a structural
 reading of the engine, not a measurement, where the kernels decode the program into a primitive
 table, :func:`chain_units`: the chain's links are its entries, marked by codegen,
-``hccc_pd::chain``). The CPU emulation's and the CUDA kernels run chains
-(:data:`hccc.compiler.ir.ll_chains.CHAIN_PLATFORMS`); the HIP kernels run every fused LL row unit by
-unit, so for HIP builds the model predicts the design, not the kernels they run. It lives in the runtime
+``hccc_pd::chain``). The CPU emulation's, the CUDA and the HIP kernels all run chains
+(:data:`hccc.compiler.ir.ll_chains.CHAIN_PLATFORMS`), so the model's chains are every build's. It lives in the runtime
 layer because it counts the kernels' traffic as the emitted kernels move it.
 """
 from __future__ import annotations

@@ -180,13 +180,13 @@ def test_codegen_marks_the_chain_rows_in_the_emitted_program(tmp_path):
 def test_the_emitted_header_builds_chains_in_on_the_platforms_that_run_them(tmp_path):
     """hccc_prims.h's HCCC_LL_CHAINS, as the preprocessor sees it for each platform's build (the CPU
     emulation, CUDA, HIP: the macros that tell them apart), is 1 exactly on
-    ll_chains.CHAIN_PLATFORMS (the CPU emulation and CUDA), and a build may set it; the table
+    ll_chains.CHAIN_PLATFORMS (the CPU emulation, CUDA and HIP), and a build may set it; the table
     mode's generic GPU kernels leave chains out (hccc_table.h: no decoded table)."""
     import re
     import subprocess
     from hccc.compiler.backend.codegen import generate
     from hccc.compiler.ir.ll_chains import CHAIN_PLATFORMS
-    assert set(CHAIN_PLATFORMS) == {"cpu", "cuda"}
+    assert set(CHAIN_PLATFORMS) == {"cpu", "cuda", "hip"}
     ir = build_program(gen.ring_allreduce(4), fuse=True)
     generate(ir, tmp_path, platforms=["cuda"] * ir.nranks)
     text = (tmp_path / "hccc_prims.h").read_text()
@@ -201,14 +201,14 @@ def test_the_emitted_header_builds_chains_in_on_the_platforms_that_run_them(tmp_
         return int(re.search(r"hccc_ll_chains_is = (\d+);", out).group(1))
 
     macros = {"cpu": ("-DHCCC_PLATFORM_CPU",), "cuda": ("-D__CUDACC__",), "hip": ("-D__HIPCC__",)}
-    assert {p: value(*d) for p, d in macros.items()} == {"cpu": 1, "cuda": 1, "hip": 0}
-    assert value("-D__CUDACC__", "-DHCCC_LL_CHAINS=0") == 0
+    assert {p: value(*d) for p, d in macros.items()} == {"cpu": 1, "cuda": 1, "hip": 1}
+    assert value("-D__CUDACC__", "-DHCCC_LL_CHAINS=0") == 0 and value("-D__HIPCC__", "-DHCCC_LL_CHAINS=0") == 0
     from hccc.compiler.backend.table_codegen import generate_table
     (tmp_path / "table").mkdir()
     generate_table(ir, tmp_path / "table", platforms=["cuda"] * ir.nranks)
     before = (tmp_path / "table" / "hccc_table.h").read_text().split('#include "hccc_prims.h"')[0]
     probe.write_text(before + block.group(0) + "int hccc_ll_chains_is = HCCC_LL_CHAINS;\n#endif\n")
-    assert value("-D__CUDACC__") == 0 and value("-DHCCC_PLATFORM_CPU") == 1
+    assert value("-D__CUDACC__") == 0 and value("-D__HIPCC__") == 0 and value("-DHCCC_PLATFORM_CPU") == 1
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +230,7 @@ def chain_traced(tmp_path_factory):
 @needs_gxx
 @pytest.mark.parametrize("n,channels", [(4, 1), (5, 2)])
 def test_the_emulation_runs_every_marked_chain_as_one_descriptor(chain_traced, capfd, n, channels):
-    """The CPU emulation compiles the CUDA builds' chain code (HCCC_LL_CHAINS 1 in both; HIP builds leave chains out, ll_chains.CHAIN_PLATFORMS)
+    """The CPU emulation compiles the GPU builds' chain code (HCCC_LL_CHAINS 1 in all: ll_chains.CHAIN_PLATFORMS)
     and runs it: fused ring AllReduce n under LL at one micro-batch hands the data threads one
     descriptor per chain chains_of finds (its links and units), in every block of every channel,
     and computes the reference; under Simple, none."""

@@ -931,11 +931,24 @@ def test_gfx1030_builds_wave32_and_waits_for_its_stores_before_each_barrier(rdna
 AMD_SCRATCH = re.compile(r"\bscratch_(?:load|store)|\bbuffer_(?:load|store)_\w+\b[^;]*\bs\[0:3\]")
 
 
+def returns_from(body: list[str], i: int) -> bool:
+    """Whether line ``i`` of an AMDGPU function is in the basic block that returns: the lines after
+    it reach an ``s_setpc_b64`` with no branch target (a label, ``; %bb.N:``) or branch before it."""
+    for y in body[i + 1:]:
+        if re.search(r"\bs_setpc_b64\b", y):
+            return True
+        if re.match(r"^(?:\.LBB\w+:|; %bb\.\d+:)", y) or re.search(r"\bs_(?:c)?branch\w*\b", y):
+            return False
+    return False
+
+
 def amd_calls_and_scratch(body: list[str]) -> tuple[list[str], list[int]]:
     """The functions an AMDGPU function calls (each ``s_swappc_b64``'s target: the symbol the
     register pair it jumps through was last set to, ``sym@rel32@lo``, earlier in the function) and
     the lines of its scratch accesses that are not the save of a register at the entry (before the
-    first branch target) or its restore just before a return (``s_setpc_b64``)."""
+    first branch target) or its restore in the block that returns (no branch target nor branch
+    between it and the ``s_setpc_b64``: the epilogue, which also reads back the SGPRs the entry
+    parked in VGPR lanes, one line each)."""
     targets = []
     for i, x in enumerate(body):
         m = re.search(r"\bs_swappc_b64\s+s\[\d+:\d+\],\s*s\[(\d+):\d+\]", x)
@@ -951,11 +964,33 @@ def amd_calls_and_scratch(body: list[str]) -> tuple[list[str], list[int]]:
         if not AMD_SCRATCH.search(x):
             continue
         saved = i < first_label and re.search(r"\bbuffer_store_dword\b", x)
-        restored = re.search(r"\bbuffer_load_dword\b", x) and any(
-            re.search(r"\bs_setpc_b64\b", y) for y in body[i + 1:i + 12])
+        restored = re.search(r"\bbuffer_load_dword\b", x) and returns_from(body, i)
         if not (saved or restored):
             bad.append(i)
     return targets, bad
+
+
+def test_the_amd_scratch_reader_on_a_sample():
+    """amd_calls_and_scratch on a hand-written function: the entry's save and the returning block's
+    restores (however many SGPR lanes it reads back before s_setpc_b64) pass; a reload on a loop,
+    and one in a block that branches before the return, are found."""
+    body = ["\tbuffer_store_dword v40, off, s[0:3], s32 offset:4 ; 4-byte Folded Spill",
+            "\ts_add_u32 s16, s16, _Z15hccc_sprim_loadI12hccc_programEvR11hccc_sharedT_jjjb@rel32@lo+4",
+            "\ts_swappc_b64 s[30:31], s[16:17]",
+            ".LBB4_1:                                ; =>This Loop Header: Depth=1",
+            "\tbuffer_load_dword v9, off, s[0:3], s33 offset:8 ; 4-byte Folded Reload",      # 4: on the loop
+            "\ts_cbranch_scc1 .LBB4_1",
+            "; %bb.2:",
+            "\tbuffer_load_dword v42, off, s[0:3], s33 offset:12 ; 4-byte Folded Reload",    # 7: branches first
+            "\ts_cbranch_execz .LBB4_3",
+            ".LBB4_3:",
+            "\tbuffer_load_dword v63, off, s[0:3], s33 ; 4-byte Folded Reload",              # 10: the epilogue
+            *[f"\tv_readlane_b32 s{30 + k}, v40, {k}" for k in range(60)],
+            "\tbuffer_load_dword v40, off, s[0:3], s32 offset:4 ; 4-byte Folded Reload",
+            "\ts_setpc_b64 s[30:31]"]
+    targets, bad = amd_calls_and_scratch(body)
+    assert targets == ["_Z15hccc_sprim_loadI12hccc_programEvR11hccc_sharedT_jjjb"]
+    assert bad == [4, 7]
 
 
 def test_gfx90a_and_gfx1030_engines_call_only_the_per_primitive_block_and_timeout_functions_and_do_not_spill(

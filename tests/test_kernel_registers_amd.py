@@ -13,15 +13,16 @@ system-scope builds, every rank kernel and the one-grid entry:
   measured 96 in all, occupancy 5 of the 4 needed; gfx1030 120, occupancy 8 of 8.)
 * the private segment (scratch) is the engine's call frame only, at most :data:`STACK_BYTES`
   (the kernels call the engine ``hccc_run``, which saves the registers it must keep across its
-  own calls there: measured 208-224 bytes with ROCm 5.2);
+  own calls there): a kernel adds nothing of its own, since it passes the engine its argument's
+  address in the kernarg segment (``hccc_kernel_arg``; ``&a`` made hipcc copy the 160-byte
+  ``hccc_args`` into every rank kernel's frame, 176 bytes of it). Measured with ROCm 5.2: 64 bytes on gfx90a
+  (100 with the fused LL chains' code, which every build here carries:
+  ``ll_chains.CHAIN_PLATFORMS``), 32 on gfx1030 float32 sum, 176 on gfx1030 bfloat16 max;
 * the per-unit path calls nothing but the once-per-primitive ``hccc_sprim_load`` (none where the
   block decodes its primitives into a table at launch, ``hccc_ptable_decode``) and, on a timeout,
   ``hccc_report_stuck`` (no ``s_swappc`` / ``s_call`` to anything else), and touches no
   scratch: no ``scratch_*`` or private ``buffer_*`` access in any block of the engine the
   compiler places in a loop (its own loop annotations: ``; in Loop:``, ``Loop Header``).
-
-bfloat16 max on gfx1030 does not hold yet: its engine's call frame passes the bound
-(:data:`BF16_MAX_FRAME`: expected to fail, strictly).
 """
 from __future__ import annotations
 
@@ -60,16 +61,6 @@ STACK_BYTES = 256
 #: what the per-unit path may call (kernel_asm.CALLEES less the once-per-block hccc_launch_init,
 #: which no loop calls)
 LOOP_CALLEES = tuple(c for c in CALLEES if c != "hccc_launch_init")
-
-
-#: measured with ROCm 5.2 (hipcc 15.0.6): on gfx1030 the engine of bfloat16 max uses 120 VGPRs
-#: and saves the callee-saved ones it uses in its frame: a private segment of 352 bytes, past
-#: STACK_BYTES (once per launch, in the prologue: nothing on the loop, which the test checks
-#: first). (Its per-unit loop spilled too, on gfx90a as well, until a data thread's abort mark
-#: stopped being a volatile generic store, hccc_mark_abort.) Strict, so that a fix turns it into a
-#: failure to remove the mark.
-BF16_MAX_FRAME = pytest.mark.xfail(strict=True, reason="bfloat16 max on gfx1030: the engine's call frame "
-                                                       "(callee-saved VGPRs) passes STACK_BYTES")
 
 
 def kernel_metadata(asm: str) -> dict[str, dict[str, str]]:
@@ -158,10 +149,8 @@ def _build(tmp_path: Path, example: str, dtype: str, op: str, single: bool, arch
 @pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("bfloat16", "max")])
 @pytest.mark.parametrize("example", ["ring_allreduce_8", "hm_allreduce_4x8"])
 @pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
-def test_amd_kernels_keep_a_block_resident_no_spill_no_scratch_on_the_loop(request, tmp_path, example, dtype,
+def test_amd_kernels_keep_a_block_resident_no_spill_no_scratch_on_the_loop(tmp_path, example, dtype,
                                                                              op, single, arch, fuse):
-    if dtype == "bfloat16" and arch == "gfx1030":
-        request.applymarker(BF16_MAX_FRAME)
     asm, man = _build(tmp_path, example, dtype, op, single, arch, fuse)
     meta = kernel_metadata(asm)
     kernels = {k: v for k, v in meta.items() if k != "hccc_runtime_gate"}
@@ -193,26 +182,71 @@ def test_amd_kernels_keep_a_block_resident_no_spill_no_scratch_on_the_loop(reque
                    for i, x in enumerate(lines)), "no call to hccc_ptable_decode"
     else:
         assert any("hccc_sprim_load" in t for t in called), called
+    # the private segment is the engine's frame alone (its ScratchSize, its callees' included): no
+    # kernel adds a copy of its argument (hccc_kernel_arg), which took 176 bytes of every rank kernel's
+    frame = engine_scratch(lines)
     for name, v in kernels.items():
+        assert int(v["private_segment_fixed_size"]) == frame, (name, v, frame)
         assert int(v["private_segment_fixed_size"]) <= STACK_BYTES, (name, v)
 
 
-@pytest.mark.xfail(strict=True, reason="fused LL chains in a HIP build: the gfx90a engine's frame (callee-saved "
-                                       "VGPRs) grows from 64 to 100 bytes, a rank kernel's to 276 past STACK_BYTES; "
-                                       "HIP builds leave them out (hccc.compiler.ir.ll_chains.CHAIN_PLATFORMS)")
-def test_fused_ll_chains_in_a_hip_build_keep_the_frame_bound(tmp_path):
-    """The build ll_chains.CHAIN_PLATFORMS keeps off: ring AllReduce 8 fused (its chain rows marked),
-    float32 sum, gfx90a, system scope, with HCCC_LL_CHAINS forced on. Expected to fail on the frame
-    bound alone: no spill."""
+def engine_scratch(lines: list[str]) -> int:
+    """The engine's private segment (bytes, its callees' frames included): its ``; ScratchSize:``."""
+    got = [int(m.group(1)) for x in lines if (m := re.match(r"^; ScratchSize: (\d+)", x))]
+    assert len(got) == 1, got
+    return got[0]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH))
+def test_hip_builds_run_fused_ll_chains_within_the_frame_bound(tmp_path, arch):
+    """HIP builds carry the fused LL chains' code (HCCC_LL_CHAINS 1 from ll_chains.CHAIN_PLATFORMS,
+    no define): ring AllReduce 8 fused (its chain rows marked), float32 sum, system scope, calls
+    hccc_chain_enter from its engine, and every kernel keeps no spill and a private segment within
+    STACK_BYTES. (Until the kernels passed their argument in place, a gfx90a rank kernel's frame
+    with the chains was 276 bytes: the engine's 100 and 176 for a copy of the 160-byte hccc_args.)"""
     from hccc.compiler.ir.ll_chains import CHAIN_PLATFORMS
-    assert "hip" not in CHAIN_PLATFORMS
-    asm, man = _build(tmp_path, "ring_allreduce_8", "float32", "sum", False, "gfx90a", True, ("-DHCCC_LL_CHAINS=1",))
+    assert "hip" in CHAIN_PLATFORMS
+    asm, man = _build(tmp_path, "ring_allreduce_8", "float32", "sum", False, arch, True)
+    funcs = functions(asm)
+    engines = [n for n in funcs if n.startswith("_Z8hccc_runI")]
+    assert len(engines) == 1, engines
+    lines = funcs[engines[0]]
+    assert any(CALL.search(x) and "hccc_chain_enter" in call_target(lines, i) for i, x in enumerate(lines)), \
+        "the engine has no chain code"
     kernels = {k: v for k, v in kernel_metadata(asm).items() if k != "hccc_runtime_gate"}
-    assert kernels
+    assert len(kernels) == len(man["ranks"]) + 1
     for name, v in kernels.items():
         assert v["sgpr_spill_count"] == "0" and v["vgpr_spill_count"] == "0", (name, v)
-    for name, v in kernels.items():
         assert int(v["private_segment_fixed_size"]) <= STACK_BYTES, (name, v)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH))
+def test_amd_table_kernels_have_the_engines_frame_alone(tmp_path, arch):
+    """The table mode's generic kernels (ring AllReduce 8's table, float32 sum, system scope): the
+    rank entry passes its hccc_table_args in place too (hccc_kernel_arg; with ``&a`` its frame was
+    the engine's plus 176 bytes for a copy: 240 on gfx90a), so each entry's private segment is
+    its engine's frame, and nothing spills."""
+    tool = require_tool("hipcc")
+    from hccc.compiler.backend.table_codegen import generate_table
+    ir = load_program(ROOT / "examples" / "ring_allreduce_8.rccl")
+    generate_table(ir, tmp_path, platforms=["hip"] * ir.nranks)
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    src, out = tmp_path / "all.hip", tmp_path / "all.s"
+    src.write_text(translation_unit(man, Instance("float32", "sum"), list(range(ir.nranks)), "hip"))
+    res = subprocess.run([tool, *hip_flags(arch, False, output=("--cuda-device-only", "-S")), "-I", str(tmp_path),
+                          "-o", str(out), str(src)], capture_output=True, text=True,
+                         env=dict(os.environ, HIP_PLATFORM="amd"), timeout=1800)
+    assert res.returncode == 0, res.stderr[-3000:]
+    asm = out.read_text()
+    kernels = {k: v for k, v in kernel_metadata(asm).items() if k != "hccc_runtime_gate"}
+    assert set(kernels) == {"hccc_table_float32_sum", "hccc_table_grid_float32_sum"}, sorted(kernels)
+    funcs = functions(asm)
+    engines = [n for n in funcs if n.startswith("_Z8hccc_runI")]
+    assert len(engines) == 1, engines
+    frame = engine_scratch(funcs[engines[0]])
+    for name, v in kernels.items():
+        assert v["sgpr_spill_count"] == "0" and v["vgpr_spill_count"] == "0", (name, v)
+        assert int(v["private_segment_fixed_size"]) == frame <= STACK_BYTES, (name, v, frame)
 
 
 def test_the_parsers_on_a_sample():
@@ -230,6 +264,8 @@ _Z8hccc_runIfLi0E12hccc_programEvPK9hccc_argsT1_i:
 \tbuffer_load_dword v1, off, s[0:3], s33 ; 4-byte Folded Reload
 .LBB3_9:
 \tbuffer_load_dword v63, off, s[0:3], s33
+.Lfunc_end3:
+; ScratchSize: 64
 amdhsa.kernels:
   - .args:
       - .offset:         0
@@ -245,6 +281,7 @@ amdhsa.target:   amdgcn-amd-amdhsa--gfx90a
     lines = functions(asm)["_Z8hccc_runIfLi0E12hccc_programEvPK9hccc_argsT1_i"]
     inside = loop_lines(lines)
     assert [lines[i].split()[0] for i in inside] == ["s_add_u32", "s_swappc_b64", "buffer_load_dword"]
+    assert engine_scratch(lines) == 64
     assert call_target(lines, inside[1]) == "_Z15hccc_sprim_loadI12hccc_programEvR11hccc_sharedT_jjjb"
     assert [bool(SCRATCH.search(lines[i])) for i in inside] == [False, False, True]
     assert not SCRATCH.search("\tbuffer_load_dword v1, v2, s[8:11], 0 offen")   # a global buffer

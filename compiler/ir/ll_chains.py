@@ -39,18 +39,17 @@ CHAIN_PRIMS = 8
 #: The chunks a chain's row moves (``HCCC_CHAIN_PIECES``): one piece a unit, as fused primitives move
 CHAIN_PIECES = 1
 #: The platforms whose kernels run chains (``HCCC_LL_CHAINS`` 1; the template renders it from this):
-#: the CPU emulation and CUDA. CUDA: the sm_90 engine with the chains' code keeps 64 registers with
-#: no spill in every build ``tests/test_kernel_registers.py`` checks (nvcc 13.0), since each
+#: the CPU emulation, CUDA and HIP. CUDA: the sm_90 engine with the chains' code keeps 64 registers
+#: with no spill in every build ``tests/test_kernel_registers.py`` checks (nvcc 13.0), since each
 #: connection's scope lives in words the engine keeps anyway (the unit's ``HCCC_K_PSYS`` kind bit,
 #: two bits of the waits' ``fresh``); as fields of their own beside the chains ``hccc_run`` spilled
-#: 8 bytes. HIP: left out. The engine keeps its VGPRs with no spill on gfx90a, but its frame (the
-#: callee-saved VGPRs it saves at its entry) grows from 64 to 100 bytes (ring AllReduce 8 float32
-#: sum, ROCm 5.2 hipcc, ``ScratchSize``), and a rank kernel, which adds 176 bytes of its own (its
-#: by-value ``hccc_args``, whose address it passes to the engine), reaches 276 bytes against the 256
-#: the AMD register test holds a kernel to (``tests/test_kernel_registers_amd.py``, the strict xfail
-#: that builds HIP with chains on; measured again with the scope folded: 276). A HIP build runs every
-#: fused LL row unit by unit.
-CHAIN_PLATFORMS = ("cpu", "cuda")
+#: 8 bytes. HIP: the engine keeps its registers with no spill (gfx90a 64 VGPRs + 32 AGPRs, gfx1030
+#: 120 VGPRs); its frame (the callee-saved VGPRs it saves at its entry) grows from 64 to 100 bytes
+#: on gfx90a (gfx1030: 32 either way; ring AllReduce 8 and HM AllReduce 4x8 float32 sum, ROCm 5.2
+#: hipcc, ``ScratchSize``), within the 256 the AMD register test holds a kernel to
+#: (``tests/test_kernel_registers_amd.py``) since a kernel passes the engine its argument in place
+#: (``hccc_kernel_arg``; a rank kernel's copy of ``hccc_args`` had put it at 276).
+CHAIN_PLATFORMS = ("cpu", "cuda", "hip")
 #: The ops a chain's rows are
 FUSED_OPS = (int(Op.RECV_COPY_SEND), int(Op.RECV_REDUCE_SEND), int(Op.RECV_REDUCE_COPY_SEND))
 
