@@ -11,7 +11,10 @@
 //   {"exp": "grid", "blocks": ..., "us": ...}
 //       block 0 runs COPY units while every other block of a full grid waits for its progress
 //       counter (their sync lanes poll, their data warps wait at a barrier)
-// Arguments: quick|full [cpu-scale].
+//   {"exp": "copy", "threads": ..., "slice": ..., "GBps": ..., "correct": ...}
+//       one block's COPY units over 64 MiB: the copy engine's rate (alone with the mode "copy")
+// Arguments: quick|full|copy [cpu-scale]. The device row says whether the engine was built with
+// bulk copies (HCCC_BULK_COPIES: -DHCCC_TMA=1 on sm_90, or the CPU emulation's model of them).
 #include "hccc_prims.h"
 
 #include <stdio.h>
@@ -342,12 +345,13 @@ static bool check_copy(rig& g, size_t bytes) {
 
 int main(int argc, char** argv) {
   const bool full = argc > 1 && strcmp(argv[1], "full") == 0;
+  const bool copy_only = argc > 1 && strcmp(argv[1], "copy") == 0;   // the copy engine's rows alone
   const double scale = argc > 2 ? atof(argv[2]) : 1.0;   // the CPU test shrinks everything
-  printf("{\"exp\": \"device\", \"name\": \"%s\", \"warp\": %d, \"nslots\": %d}\n", device_name(),
-         HCCC_WARP_SIZE, HCCC_NSLOTS);
+  printf("{\"exp\": \"device\", \"name\": \"%s\", \"warp\": %d, \"nslots\": %d, \"bulk_copies\": %d}\n",
+         device_name(), HCCC_WARP_SIZE, HCCC_NSLOTS, HCCC_BULK_COPIES);
   fflush(stdout);
   // A: ping-pong
-  {
+  if (!copy_only) {
     uint64_t* flags = (uint64_t*)dmalloc(32 * sizeof(uint64_t));
     const int rounds = std::max(10, (int)(20000 * scale));
 #if defined(HCCC_PLATFORM_CPU)
@@ -400,6 +404,7 @@ int main(int argc, char** argv) {
   const int nthreadsets = full ? 5 : 3;
 #endif
   const int reps = full ? 5 : 3;
+  if (!copy_only)
   for (const opdef& o : ops)
     for (int ti = 0; ti < nthreadsets; ++ti)
       for (int si = 0; si < nslices; ++si) {
@@ -425,7 +430,7 @@ int main(int argc, char** argv) {
       fflush(stdout);
     }
   // C: block 0's COPY units, alone and with every other block of a full grid waiting
-  {
+  if (!copy_only) {
     const int block = threads[nthreadsets - 1];
 #if defined(HCCC_PLATFORM_CPU)
     const int full_grid = 4;

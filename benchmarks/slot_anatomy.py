@@ -16,8 +16,12 @@ Builds ``benchmarks/slot_anatomy.cu`` against the headers hccc emits (the kernel
 
 ``--backend cpu`` builds the same program for the CPU emulation at a hundredth of the sizes: the
 program and this script are tested that way (the times then measure the emulation, not a GPU).
+``--copy-only``: the copy engine's rows alone (a few seconds on a GPU). The program is built with
+the kernels' build switches of the environment (``HCCC_TMA=1``: bulk copies, which the JSON's
+``bulk_copies`` reports), so ``HCCC_TMA=1 python benchmarks/slot_anatomy.py --copy-only`` measures
+the copy engine with them (``benchmarks/gpu_validate.py --quick`` sets both side by side).
 
-    python benchmarks/slot_anatomy.py [--quick] [--json FILE] [--backend cuda|cpu]
+    python benchmarks/slot_anatomy.py [--quick | --copy-only] [--json FILE] [--backend cuda|cpu]
 """
 from __future__ import annotations
 
@@ -60,21 +64,27 @@ def fits(rows: list[dict]) -> list[dict]:
 
 
 def build(backend: str, workdir: Path) -> Path:
-    """The headers (emitted for a small example) and the program, compiled for ``backend``."""
+    """The headers (emitted for a small example) and the program, compiled for ``backend`` with
+    the environment's build switches (:func:`hccc.runtime.platform.build_switches`)."""
     from hccc.compiler.backend.codegen import generate
     from hccc.compiler.frontend import generators as gen
     from hccc.compiler.passes.build import build_program
+    from hccc.runtime.platform import PlatformError, build_switches
+    try:
+        switches = build_switches()
+    except PlatformError as exc:
+        raise SystemExit(f"slot_anatomy: {exc}") from None
     hdr = workdir / "headers"
     hdr.mkdir()
     generate(build_program(gen.ring_allgather(2), chunk_bytes=1 << 20), hdr, platforms=["cuda"] * 2)
     exe = workdir / "slot_anatomy"
     if backend == "cpu":
         cmd = [os.environ.get("HCCC_CXX", "g++"), "-std=c++17", "-O1", "-pthread", "-DHCCC_PLATFORM_CPU",
-               "-DHCCC_SINGLE_GPU=1", "-x", "c++", "-I", str(hdr), str(SOURCE), "-o", str(exe)]
+               "-DHCCC_SINGLE_GPU=1", *switches, "-x", "c++", "-I", str(hdr), str(SOURCE), "-o", str(exe)]
     else:
         nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
         arch = os.environ.get("HCCC_CUDA_ARCH", "native")
-        cmd = [nvcc, "-std=c++17", "-O3", f"-arch={arch}", "-DHCCC_SINGLE_GPU=1", "-I", str(hdr),
+        cmd = [nvcc, "-std=c++17", "-O3", f"-arch={arch}", "-DHCCC_SINGLE_GPU=1", *switches, "-I", str(hdr),
                str(SOURCE), "-o", str(exe)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
@@ -82,9 +92,9 @@ def build(backend: str, workdir: Path) -> Path:
     return exe
 
 
-def run(exe: Path, quick: bool, scale: float, timeout: float) -> list[dict]:
-    res = subprocess.run([str(exe), "quick" if quick else "full", repr(scale)], capture_output=True,
-                         text=True, timeout=timeout)
+def run(exe: Path, mode: str, scale: float, timeout: float) -> list[dict]:
+    """The program's rows in ``mode`` (quick, full or copy)."""
+    res = subprocess.run([str(exe), mode, repr(scale)], capture_output=True, text=True, timeout=timeout)
     rows = [json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")]
     if res.returncode != 0 or not rows or rows[-1].get("exp") != "done":
         raise SystemExit(f"slot_anatomy: the program failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
@@ -96,7 +106,8 @@ def tables(rows: list[dict]) -> None:
     from rich.table import Table
     con = Console(width=140)
     dev = next((r for r in rows if r["exp"] == "device"), {})
-    con.print(f"# {dev.get('name', '?')}: warp {dev.get('warp')}, {dev.get('nslots')} slots a connection")
+    con.print(f"# {dev.get('name', '?')}: warp {dev.get('warp')}, {dev.get('nslots')} slots a connection, "
+              f"bulk copies {'on' if dev.get('bulk_copies') else 'off'}")
     t = Table(title="flag ping-pong between two SMs")
     t.add_column("ordering")
     t.add_column("us a round trip", justify="right")
@@ -131,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=("cuda", "cpu"), default=None,
                     help="cuda (default where nvcc and a GPU answer) or cpu (the emulation, small sizes)")
-    ap.add_argument("--quick", action="store_true", help="fewer slices and thread counts (about 40 s)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="fewer slices and thread counts (about 40 s)")
+    mode.add_argument("--copy-only", action="store_true",
+                      help="the copy engine's rows alone, quick's thread counts (a few seconds)")
     ap.add_argument("--json", default=None, help="write every row here")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds for the program's run")
     args = ap.parse_args(argv)
@@ -143,14 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as d:
         exe = build(backend, Path(d))
         try:
-            rows = run(exe, args.quick, scale, args.timeout)
+            rows = run(exe, "copy" if args.copy_only else "quick" if args.quick else "full", scale, args.timeout)
         except subprocess.TimeoutExpired:
             print(f"slot_anatomy: the program did not finish in {args.timeout:.0f} s", file=sys.stderr)
             return 1
     rows += fits(rows)
     tables(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"backend": backend, "rows": rows}, indent=1) + "\n")
+        dev = next((r for r in rows if r.get("exp") == "device"), {})
+        Path(args.json).write_text(json.dumps({"backend": backend, "bulk_copies": bool(dev.get("bulk_copies")),
+                                               "rows": rows}, indent=1) + "\n")
     return 0
 
 
