@@ -47,7 +47,8 @@ from hccc.runtime.platform import TMA_ENV, PlatformError, build_switches
 from hccc.testing import valid_programs
 
 from conftest import harness_library, require_tool
-from test_copy_engine import DTYPES, HARNESS, REDS, _arena, _oracle, _values
+from copy_engine_harness import DTYPES, HARNESS, REDS
+from copy_engine_harness import arena as _arena, oracle as _oracle, values as _values
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
