@@ -684,6 +684,8 @@ def summarise_quick(step: Step, data, copy_gbps: float | None) -> tuple[bool, st
         return bool(copies) and not bad, (f"bulk copies {'on' if data.get('bulk_copies') else 'not built'}: "
                                           f"{len(copies)} copy rows, {len(bad)} wrong"
                                           + (f", best {best:,.1f} GB/s" if best else ""))
+    if step.group == "tma" and isinstance(data, dict):    # (a run: read as the large group's)
+        return summarise_quick(Step("large", step.name, step.argv, step.timeout_s), data, copy_gbps)
     if step.group == "torch" and isinstance(data, dict):
         rows = data.get("rows", [])
         parts = [f"{r['collective']} {_size(r['bytes'])}: {r['status']}, {r['hccc_us']:,.1f} us (gloo "
@@ -694,8 +696,8 @@ def summarise_quick(step: Step, data, copy_gbps: float | None) -> tuple[bool, st
         bad = [r for r in rows if r.get("predicted_us") is None]
         return True, (f"{len(rows) - len(bad)}/{len(rows)} measured rows predicted"
                       + (f"; not predicted: {bad[0]['key']}: {bad[0]['error']}" if bad else ""))
-    if step.group in ("examples", "pathology", "latency", "large", "tma", "hm") and isinstance(data, dict):
-        if step.group in ("pathology", "large", "tma", "hm") and copy_gbps:
+    if step.group in ("examples", "pathology", "latency", "large", "hm") and isinstance(data, dict):
+        if step.group in ("pathology", "large", "hm") and copy_gbps:
             add_bounds(data, copy_gbps)
         rows = _run_results(data)
         parts = []
@@ -756,20 +758,6 @@ def quick_tables(results: list[Result]) -> list:
                        f"{'stuck' if row.get('stuck') else row.get('wrong')} | {_num(row.get('time_us'), 1)} | "
                        f"{_num(predicted.get(model_key(row)), 1)} | {_num(row.get('busbw_GBps'), 2)} | "
                        f"{_num(row.get('bound_us'), 1)} | {_sig(row.get('of_bound'))} |")
-    ab = next((r for r in results if r.group == "tma" and r.name == "bulk copies vs the portable path"
-               and isinstance(r.data, dict)), None)
-    if ab is not None:
-        d = ab.data
-        out += ["", "## Bulk copies (HCCC_TMA=1) beside the portable path", "", d["verdict"], "",
-                "| figure | threads | unit / size | portable | bulk copies | bulk over portable |",
-                "|---|---:|---:|---:|---:|---:|"]
-        for c in d["copy"]:
-            out.append(f"| copy engine (GB/s) | {c['threads']} | {_size(c['slice'])} | {_num(c['portable_GBps'], 1)} | "
-                       f"{_num(c['bulk_GBps'], 1)} | {_sig(c['speedup'])} |")
-        ag = d.get("allgather")
-        if ag:
-            out.append(f"| {TMA_LARGE[0]} (us) | - | {_size(ag['bytes'])} | {_num(ag['portable_us'], 1)} | "
-                       f"{_num(ag['bulk_us'], 1)} | {_sig(ag['speedup'])} |")
     ex = [(r, row) for r in results if r.group == "examples" for row in _run_results(r.data)]
     if ex:
         out += ["", "## Examples (one grid, out of place)", "",
@@ -818,6 +806,20 @@ def quick_tables(results: list[Result]) -> list:
                        f"{'stuck' if row.get('stuck') else row.get('wrong')} | {_num(row.get('time_us'), 1)} | "
                        f"{_num(predicted.get(model_key(row)), 1)} | "
                        f"{_num(row.get('bound_us'), 1)} | {_sig(row.get('of_bound'))} |")
+    ab = next((r for r in results if r.group == "tma" and r.name == "bulk copies vs the portable path"
+               and isinstance(r.data, dict)), None)
+    if ab is not None:
+        d = ab.data
+        out += ["", "## Bulk copies (HCCC_TMA=1) beside the portable path", "", d["verdict"], "",
+                "| figure | threads | unit / size | portable | bulk copies | bulk over portable |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for c in d["copy"]:
+            out.append(f"| copy engine (GB/s) | {c['threads']} | {_size(c['slice'])} | {_num(c['portable_GBps'], 1)} | "
+                       f"{_num(c['bulk_GBps'], 1)} | {_sig(c['speedup'])} |")
+        ag = d.get("allgather")
+        if ag:
+            out.append(f"| {TMA_LARGE[0]} (us) | - | {_size(ag['bytes'])} | {_num(ag['portable_us'], 1)} | "
+                       f"{_num(ag['bulk_us'], 1)} | {_sig(ag['speedup'])} |")
     slot = next((r for r in results if r.group == "slot" and r.status != "n/a"), None)
     if slot is not None and isinstance(slot.data, dict) and slot.data.get("stdout"):
         out += ["", "## Slot anatomy", "", "```", slot.data["stdout"].rstrip(), "```"]

@@ -11,10 +11,7 @@
 //   {"exp": "grid", "blocks": ..., "us": ...}
 //       block 0 runs COPY units while every other block of a full grid waits for its progress
 //       counter (their sync lanes poll, their data warps wait at a barrier)
-//   {"exp": "copy", "threads": ..., "slice": ..., "GBps": ..., "correct": ...}
-//       one block's COPY units over 64 MiB: the copy engine's rate (alone with the mode "copy")
-// Arguments: quick|full|copy [cpu-scale]. The device row says whether the engine was built with
-// bulk copies (HCCC_BULK_COPIES: -DHCCC_TMA=1 on sm_90, or the CPU emulation's model of them).
+// Arguments: quick|full [cpu-scale].
 #include "hccc_prims.h"
 
 #include <stdio.h>
@@ -345,7 +342,10 @@ static bool check_copy(rig& g, size_t bytes) {
 
 int main(int argc, char** argv) {
   const bool full = argc > 1 && strcmp(argv[1], "full") == 0;
-  const bool copy_only = argc > 1 && strcmp(argv[1], "copy") == 0;   // the copy engine's rows alone
+  // the mode "copy": the copy engine's rows alone ({"exp": "copy", ...}, below); the device row
+  // says whether the engine was built with bulk copies (HCCC_BULK_COPIES: -DHCCC_TMA=1 on sm_90,
+  // or the CPU emulation's model of them)
+  const bool copy_only = argc > 1 && strcmp(argv[1], "copy") == 0;
   const double scale = argc > 2 ? atof(argv[2]) : 1.0;   // the CPU test shrinks everything
   printf("{\"exp\": \"device\", \"name\": \"%s\", \"warp\": %d, \"nslots\": %d, \"bulk_copies\": %d}\n",
          device_name(), HCCC_WARP_SIZE, HCCC_NSLOTS, HCCC_BULK_COPIES);

@@ -106,8 +106,7 @@ def tables(rows: list[dict]) -> None:
     from rich.table import Table
     con = Console(width=140)
     dev = next((r for r in rows if r["exp"] == "device"), {})
-    con.print(f"# {dev.get('name', '?')}: warp {dev.get('warp')}, {dev.get('nslots')} slots a connection, "
-              f"bulk copies {'on' if dev.get('bulk_copies') else 'off'}")
+    con.print(f"# {dev.get('name', '?')}: warp {dev.get('warp')}, {dev.get('nslots')} slots a connection")
     t = Table(title="flag ping-pong between two SMs")
     t.add_column("ordering")
     t.add_column("us a round trip", justify="right")

@@ -35,6 +35,28 @@ def test_slope_recovers_a_line(a, b, xs):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+def test_the_copy_engine_alone_with_bulk_copies(tmp_path, monkeypatch):
+    """``--copy-only`` under ``HCCC_TMA=1`` (what gpu_validate --quick's A/B runs): the program is
+    built with bulk copies, prints the copy engine's rows alone, every one correct; a bad switch
+    value is refused with a message."""
+    sa = _module()
+    out = tmp_path / "copy.json"
+    monkeypatch.delenv("HCCC_TMA", raising=False)
+    assert sa.main(["--backend", "cpu", "--copy-only", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["bulk_copies"] is False      # (the portable path)
+    monkeypatch.setenv("HCCC_TMA", "1")
+    assert sa.main(["--backend", "cpu", "--copy-only", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["bulk_copies"] is True
+    assert {r["exp"] for r in data["rows"]} == {"device", "copy"}
+    copies = [r for r in data["rows"] if r["exp"] == "copy"]
+    assert len(copies) == 15 and all(r["correct"] and r["us"] > 0 for r in copies)
+    monkeypatch.setenv("HCCC_TMA", "on")
+    with pytest.raises(SystemExit, match="HCCC_TMA='on'"):
+        sa.main(["--backend", "cpu", "--copy-only"])
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 def test_every_experiment_runs_on_the_cpu_emulation(tmp_path):
     sa = _module()
     out = tmp_path / "anatomy.json"
@@ -53,23 +75,3 @@ def test_every_experiment_runs_on_the_cpu_emulation(tmp_path):
     fits = [r for r in rows if r["exp"] == "unit_cost"]
     assert len(fits) == len({(r["op"], r["threads"]) for r in rows if r["exp"] == "units"})
     assert {r["blocks"] for r in rows if r["exp"] == "grid"} == {1, 4}
-    assert data["bulk_copies"] is False      # (HCCC_TMA unset: the portable path)
-
-
-@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
-def test_the_copy_engine_alone_with_bulk_copies(tmp_path, monkeypatch):
-    """``--copy-only`` under ``HCCC_TMA=1`` (what gpu_validate --quick's A/B runs): the program is
-    built with bulk copies, prints the copy engine's rows alone, every one correct; a bad switch
-    value is refused with a message."""
-    sa = _module()
-    out = tmp_path / "copy.json"
-    monkeypatch.setenv("HCCC_TMA", "1")
-    assert sa.main(["--backend", "cpu", "--copy-only", "--json", str(out)]) == 0
-    data = json.loads(out.read_text())
-    assert data["bulk_copies"] is True
-    assert {r["exp"] for r in data["rows"]} == {"device", "copy"}
-    copies = [r for r in data["rows"] if r["exp"] == "copy"]
-    assert len(copies) == 15 and all(r["correct"] and r["us"] > 0 for r in copies)
-    monkeypatch.setenv("HCCC_TMA", "on")
-    with pytest.raises(SystemExit, match="HCCC_TMA='on'"):
-        sa.main(["--backend", "cpu", "--copy-only"])
