@@ -460,6 +460,12 @@ def tma_steps(args, workdir: Path) -> list[Step]:
                                             "simple")]), max(args.step_timeout, 90.0), env=dict(TMA_ON))]
 
 
+def bulk_copies_built(data) -> bool:
+    """Whether slot_anatomy's program (its JSON) was built with bulk copies: its device row says."""
+    rows = data.get("rows", []) if isinstance(data, dict) else []
+    return any(isinstance(r, dict) and r.get("exp") == "device" and r.get("bulk_copies") for r in rows)
+
+
 def _copy_rates(r: "Result | None") -> dict:
     """(threads, slice) -> GB/s of a slot_anatomy step's correct copy rows (its JSON, or the
     slot step's {"json": ...})."""
@@ -479,8 +485,7 @@ def tma_comparison(results: list, backend: str) -> "Result | None":
     name = "bulk copies vs the portable path"
     if any(r.status == "n/a" for r in tma):
         return Result("tma", name, "n/a", 0.0, tma[0].summary)
-    bulk = tma[0].data if isinstance(tma[0].data, dict) else {}
-    if tma[0].status == "ok" and backend != "cpu" and not bulk.get("bulk_copies"):
+    if tma[0].status == "ok" and backend != "cpu" and not bulk_copies_built(tma[0].data):
         return Result("tma", name, "n/a", 0.0, "not built with bulk copies (a GPU before sm_90): nothing to compare")
     off = _copy_rates(next((r for r in results if r.group == "slot"), None))
     on = _copy_rates(tma[0])
@@ -681,7 +686,7 @@ def summarise_quick(step: Step, data, copy_gbps: float | None) -> tuple[bool, st
         copies = [r for r in data.get("rows", []) if isinstance(r, dict) and r.get("exp") == "copy"]
         bad = [r for r in copies if not r.get("correct")]
         best = max((r["GBps"] for r in copies if r.get("GBps")), default=None)
-        return bool(copies) and not bad, (f"bulk copies {'on' if data.get('bulk_copies') else 'not built'}: "
+        return bool(copies) and not bad, (f"bulk copies {'on' if bulk_copies_built(data) else 'not built'}: "
                                           f"{len(copies)} copy rows, {len(bad)} wrong"
                                           + (f", best {best:,.1f} GB/s" if best else ""))
     if step.group == "tma" and isinstance(data, dict):    # (a run: read as the large group's)

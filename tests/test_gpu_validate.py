@@ -395,7 +395,7 @@ def _slot(rates: dict, bulk: bool | None = None) -> dict:
     d = {"rows": [{"exp": "copy", "threads": t, "slice": sl, "GBps": g, "correct": True}
                   for (t, sl), g in rates.items()]}
     if bulk is not None:
-        d["bulk_copies"] = bulk
+        d["rows"].insert(0, {"exp": "device", "name": "Fake GPU", "bulk_copies": int(bulk)})
     return d
 
 
