@@ -43,6 +43,12 @@ report, then a table per group with the model's prediction beside every measured
    targets: 15 us, 8 us one-shot);
 4. ``large``: ring AllGather 8 and ring AllReduce 8 at 256 MiB, each against its HBM bound (the
    target: 0.9 of it);
+   ``tma``: the same figures with bulk copies (kernels built with ``HCCC_TMA=1``: sm_90's
+   ``cp.async.bulk`` for the copy engine's pure copies): ``slot_anatomy.py --copy-only`` (one
+   block's COPY units) and ring AllGather 8 at 256 MiB, then a row setting them beside the portable
+   path's (the slot step's copy rows, the large step's AllGather) with the verdict: bulk copies
+   win only where both are faster by :data:`TMA_WIN` (else the switch stays off); "n/a" on HIP,
+   which has no bulk copies;
 5. ``hm``: HM AllReduce 4x8 at 32 MiB in place and out of place with the automatic slice, and in
    place with the fewest micro-batches a chunk (the target: within 2x of its HBM bound);
 6. ``examples``: every ``examples/*.rccl`` through ``hccc run``, one grid, out of place: Simple
@@ -291,8 +297,8 @@ def _data(step: Step, res) -> object:
 # ------------------------------------------------------------------------------ --quick
 #: the quick mode's groups in order, each with its share of the budget (fractions of it; a group
 #: may also spend what the groups before it left)
-QUICK_GROUPS = {"env": 0.03, "build": 0.22, "copy": 0.02, "slot": 0.08, "latency": 0.08, "large": 0.07, "hm": 0.08,
-                "examples": 0.14, "torch": 0.06, "vs_nccl": 0.12, "pathology": 0.07, "model": 0.03}
+QUICK_GROUPS = {"env": 0.03, "build": 0.22, "copy": 0.02, "slot": 0.08, "latency": 0.08, "large": 0.07, "tma": 0.05,
+                "hm": 0.08, "examples": 0.14, "torch": 0.06, "vs_nccl": 0.12, "pathology": 0.07, "model": 0.03}
 #: the programs earlier runs found pathological: (name, program, size, placement, extra options)
 PATHOLOGY = (("ring_broadcast_8", "examples/ring_broadcast_8.rccl", "32M", "--out-of-place", []),
              ("synth h20_4_8 allgather (table)", None, "64M", "--out-of-place", ["--codegen", "table"]))
@@ -303,6 +309,16 @@ QUICK_LATENCY = (("ring_allreduce_8 4K", "examples/ring_allreduce_8.rccl",
                  ("direct_allgather_8 4K", "examples/direct_allgather_8.rccl", [("ll", None)]))
 #: the bandwidth rows: (program, size), out of place, Simple, against the HBM bound
 QUICK_LARGE = (("ring_allgather_8", "256M"), ("ring_allreduce_8", "256M"))
+#: the bulk-copy A/B's program run (kernels v5 item 2): the first bandwidth row, again with bulk
+#: copies, so the large group's row is its portable side
+TMA_LARGE = QUICK_LARGE[0]
+#: what the bulk-copy steps add to the environment: kernels (and slot_anatomy's program) built with
+#: -DHCCC_TMA=1 (hccc.runtime.platform.TMA_ENV; cached apart from the default builds by their flags)
+TMA_ON = {"HCCC_TMA": "1"}
+#: the gain bulk copies must show on both figures (the median of the copy engine's rows and ring
+#: AllGather 8's time) before the switch is turned on by default: a decision threshold, not a
+#: measurement, above the few per cent by which the fifth GPU run's repeated rows differ
+TMA_WIN = 0.05
 #: HM AllReduce 4x8 (the 77 ms pathology of kernels v4): (name, size, placement, slice: None for the
 #: automatic one, "chunk" for one micro-batch a chunk: the slice as large as a chunk, within a slot)
 QUICK_HM = (("in place, auto slices", "32M", "--inplace-only", None),
@@ -432,6 +448,78 @@ def torch_check_argv(args, js: str) -> list:
             "--timeout", LEFT, "--json", js]
 
 
+def tma_steps(args, workdir: Path) -> list[Step]:
+    """The bulk-copy group: the copy engine and :data:`TMA_LARGE` built with bulk copies
+    (:data:`TMA_ON`); their portable sides are the slot and large groups' rows."""
+    js = str(workdir / "slot_anatomy_tma.json")
+    prog, size = TMA_LARGE
+    size = size if args.backend != "cpu" else args.large
+    return [Step("tma", "copy engine, bulk copies", [sys.executable, str(SLOT_ANATOMY), "--copy-only", "--json", js]
+                 + (["--backend", args.backend] if args.backend != "cuda" else []), 90.0, env=dict(TMA_ON),
+                 data_file=js),
+            Step("tma", f"{prog} {size}, bulk copies",
+                 run_worker_argv([_run_line(args, f"examples/{prog}.rccl", size, "--out-of-place", "--proto",
+                                            "simple")]), max(args.step_timeout, 90.0), env=dict(TMA_ON))]
+
+
+def bulk_copies_built(data) -> bool:
+    """Whether slot_anatomy's program (its JSON) was built with bulk copies: its device row says."""
+    rows = data.get("rows", []) if isinstance(data, dict) else []
+    return any(isinstance(r, dict) and r.get("exp") == "device" and r.get("bulk_copies") for r in rows)
+
+
+def _copy_rates(r: "Result | None") -> dict:
+    """(threads, slice) -> GB/s of a slot_anatomy step's correct copy rows (its JSON, or the
+    slot step's {"json": ...})."""
+    d = r.data if r is not None and isinstance(r.data, dict) else {}
+    d = d.get("json") if isinstance(d.get("json"), dict) else d
+    return {(x["threads"], x["slice"]): x["GBps"] for x in d.get("rows", [])
+            if isinstance(x, dict) and x.get("exp") == "copy" and x.get("correct") and x.get("GBps")}
+
+
+def tma_comparison(results: list, backend: str) -> "Result | None":
+    """The row setting the bulk-copy steps beside the portable path once both have run (None
+    before): the copy engine's rows joined on (threads, slice), ring AllGather 8's time, each
+    portable over bulk (above 1: bulk copies faster), and the verdict by :data:`TMA_WIN`."""
+    tma = [r for r in results if r.group == "tma"]
+    if len(tma) < 2:
+        return None
+    name = "bulk copies vs the portable path"
+    if any(r.status == "n/a" for r in tma):
+        return Result("tma", name, "n/a", 0.0, tma[0].summary)
+    if tma[0].status == "ok" and backend != "cpu" and not bulk_copies_built(tma[0].data):
+        return Result("tma", name, "n/a", 0.0, "not built with bulk copies (a GPU before sm_90): nothing to compare")
+    off = _copy_rates(next((r for r in results if r.group == "slot"), None))
+    on = _copy_rates(tma[0])
+    copy = [{"threads": t, "slice": s, "portable_GBps": off[t, s], "bulk_GBps": on[t, s],
+             "speedup": on[t, s] / off[t, s]} for (t, s) in sorted(off) if (t, s) in on]
+    prog = TMA_LARGE[0]
+    ag_off = next((row for r in results if r.group == "large" and r.name.startswith(f"{prog} ")
+                   for row in _run_results(r.data)), None)
+    ag_on = next((row for row in _run_results(tma[1].data)), None)
+    ag = None
+    if ag_off and ag_on and ag_off.get("time_us") and ag_on.get("time_us") and not ag_on.get("wrong") \
+            and not ag_on.get("stuck"):
+        ag = {"bytes": ag_on["bytes"], "portable_us": ag_off["time_us"], "bulk_us": ag_on["time_us"],
+              "portable_busbw_GBps": ag_off.get("busbw_GBps"), "bulk_busbw_GBps": ag_on.get("busbw_GBps"),
+              "speedup": ag_off["time_us"] / ag_on["time_us"]}
+    speedups = sorted(c["speedup"] for c in copy)
+    median = speedups[len(speedups) // 2] if speedups else None
+    parts = [f"copy engine: median {median:.3g}x over {len(copy)} rows" if median else "copy engine: no pair of rows",
+             f"{prog} {_size(ag['bytes'])}: {ag['portable_us']:,.1f} -> {ag['bulk_us']:,.1f} us, {ag['speedup']:.3g}x"
+             if ag else f"{prog}: no pair of runs"]
+    if median is None or ag is None:
+        verdict = "undecided (a side is missing)"
+    elif median >= 1 + TMA_WIN and ag["speedup"] >= 1 + TMA_WIN:
+        verdict = f"bulk copies win (both >= {1 + TMA_WIN:g}x): turn HCCC_TMA on by default"
+    else:
+        verdict = f"the portable path stays (bulk copies must gain {TMA_WIN:.0%} on both)"
+    status = "ok" if copy and ag else "failed"
+    return Result("tma", name, status, 0.0, "; ".join(parts) + f"; {verdict}",
+                  {"copy": copy, "allgather": ag, "copy_median_speedup": median, "verdict": verdict,
+                   "win_threshold": TMA_WIN})
+
+
 def plan_quick(args, workdir: Path) -> list[Step]:
     """The quick mode's steps (module docstring), in order."""
     py, me = sys.executable, str(Path(__file__).resolve())
@@ -444,6 +532,8 @@ def plan_quick(args, workdir: Path) -> list[Step]:
         # the latency group's kernels too (the one-shot program, the fused variants), one call each
         extra = [_once(line) for _, lines in latency_runs(args) for line in lines]
         spec = {"jobs": args.build_jobs, "examples": [build_run(args, ex) for ex in args.examples] + extra,
+                # the bulk-copy A/B's program, built with bulk copies (TMA_ON)
+                "tma": [build_run(args, TMA_LARGE[0])] if args.backend == "cuda" else [],
                 "synth": [synth_command(workdir), synth_run],
                 "vs_nccl": ([py, str(HERE / "vs_nccl.py"), *vs_nccl_args(args, ranks="8"), "--build-only",
                              "--build-jobs", "2", "--workdir", str(workdir / "vs_nccl_build")]
@@ -458,6 +548,8 @@ def plan_quick(args, workdir: Path) -> list[Step]:
                       + (["--backend", args.backend] if args.backend != "cuda" else []), 120.0, data_file=js,
                       keep_stdout=True))
     for group, runs in (("latency", latency_runs(args)), ("large", large_runs(args)), ("hm", hm_runs(args))):
+        if group == "hm":
+            steps += tma_steps(args, workdir)
         for name, lines in runs:
             steps.append(Step(group, name, run_worker_argv(lines), max(t, 90.0)))
     for ex in args.examples:
@@ -610,6 +702,15 @@ def summarise_quick(step: Step, data, copy_gbps: float | None) -> tuple[bool, st
         rows = js.get("rows") if isinstance(js, dict) and isinstance(js.get("rows"), list) else None
         return True, (f"{len(rows)} rows" if rows is not None else common.tail(data.get("stdout", ""), 1, 200)
                       or "done")
+    if step.group == "tma" and isinstance(data, dict) and "runs" not in data:
+        copies = [r for r in data.get("rows", []) if isinstance(r, dict) and r.get("exp") == "copy"]
+        bad = [r for r in copies if not r.get("correct")]
+        best = max((r["GBps"] for r in copies if r.get("GBps")), default=None)
+        return bool(copies) and not bad, (f"bulk copies {'on' if bulk_copies_built(data) else 'not built'}: "
+                                          f"{len(copies)} copy rows, {len(bad)} wrong"
+                                          + (f", best {best:,.1f} GB/s" if best else ""))
+    if step.group == "tma" and isinstance(data, dict):    # (a run: read as the large group's)
+        return summarise_quick(Step("large", step.name, step.argv, step.timeout_s), data, copy_gbps)
     if step.group == "torch" and isinstance(data, dict):
         rows = data.get("rows", [])
         parts = [f"{r['collective']} {_size(r['bytes'])}: {r['status']}, {r['hccc_us']:,.1f} us (gloo "
@@ -735,6 +836,20 @@ def quick_tables(results: list[Result]) -> list:
                        f"{'stuck' if row.get('stuck') else row.get('wrong')} | {_num(row.get('time_us'), 1)} | "
                        f"{_num(predicted.get(model_key(row)), 1)} | "
                        f"{_num(row.get('bound_us'), 1)} | {_sig(row.get('of_bound'))} |")
+    ab = next((r for r in results if r.group == "tma" and r.name == "bulk copies vs the portable path"
+               and isinstance(r.data, dict)), None)
+    if ab is not None:
+        d = ab.data
+        out += ["", "## Bulk copies (HCCC_TMA=1) beside the portable path", "", d["verdict"], "",
+                "| figure | threads | unit / size | portable | bulk copies | bulk over portable |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for c in d["copy"]:
+            out.append(f"| copy engine (GB/s) | {c['threads']} | {_size(c['slice'])} | {_num(c['portable_GBps'], 1)} | "
+                       f"{_num(c['bulk_GBps'], 1)} | {_sig(c['speedup'])} |")
+        ag = d.get("allgather")
+        if ag:
+            out.append(f"| {TMA_LARGE[0]} (us) | - | {_size(ag['bytes'])} | {_num(ag['portable_us'], 1)} | "
+                       f"{_num(ag['bulk_us'], 1)} | {_sig(ag['speedup'])} |")
     slot = next((r for r in results if r.group == "slot" and r.status != "n/a"), None)
     if slot is not None and isinstance(slot.data, dict) and slot.data.get("stdout"):
         out += ["", "## Slot anatomy", "", "```", slot.data["stdout"].rstrip(), "```"]
@@ -779,13 +894,15 @@ def build_worker(spec: dict) -> int:
     """The build step: every example's kernels (a run at the small size), the synthesised program
     and its table kernels, and vs_nccl's (its --build-only), ``jobs`` at a time."""
     t0 = time.monotonic()
-    jobs = [(f"example {Path(run[1]).stem}", run_worker_argv([run])) for run in spec["examples"]]
-    jobs.append(("synth h20_4_8 allgather + table kernels", run_worker_argv(spec["synth"])))
+    jobs = [(f"example {Path(run[1]).stem}", run_worker_argv([run]), {}) for run in spec["examples"]]
+    jobs += [(f"example {Path(run[1]).stem}, bulk copies", run_worker_argv([run]), dict(TMA_ON))
+             for run in spec.get("tma", [])]
+    jobs.append(("synth h20_4_8 allgather + table kernels", run_worker_argv(spec["synth"]), {}))
     if spec.get("vs_nccl"):
-        jobs.append(("vs_nccl --build-only", spec["vs_nccl"]))
+        jobs.append(("vs_nccl --build-only", spec["vs_nccl"], {}))
     order = sorted(range(len(jobs)), key=lambda i: ("4x8" not in jobs[i][0], "synth" not in jobs[i][0],
                                                     "vs_nccl" not in jobs[i][0], i))   # the longest first
-    results = common.run_parallel([(jobs[i][1], 3600.0, {}) for i in order], spec["jobs"])
+    results = common.run_parallel([(jobs[i][1], 3600.0, jobs[i][2]) for i in order], spec["jobs"])
     out = [None] * len(jobs)
     for i, res in zip(order, results):
         out[i] = {"name": jobs[i][0], "status": res.status, "seconds": round(res.seconds, 1), "reason": res.why()}
@@ -850,13 +967,15 @@ def run_quick(args, started: str) -> list[Result]:
     for step in steps:
         later = sum(share[g] for g in groups[groups.index(step.group) + 1:])
         left = budget.left() - later           # what this group may spend: the later groups keep their shares
-        if step.group == "slot" and not Path(step.argv[1]).is_file():
-            r = Result("slot", step.name, "n/a", 0.0,
+        if (step.group == "slot" or step.argv[1:2] == [str(SLOT_ANATOMY)]) and not Path(step.argv[1]).is_file():
+            r = Result(step.group, step.name, "n/a", 0.0,
                        f"not available (benchmarks/{Path(step.argv[1]).name} is not in this checkout)")
         elif left < 1.0:
             r = Result(step.group, step.name, "skipped", 0.0, common.NOT_RUN)
         elif step.group == "vs_nccl" and args.backend not in ("cuda", "cpu"):
             r = Result(step.group, step.name, "n/a", 0.0, f"not available on {args.backend} (vs_nccl runs CUDA)")
+        elif step.group == "tma" and args.backend not in ("cuda", "cpu"):
+            r = Result(step.group, step.name, "n/a", 0.0, f"not available on {args.backend} (no bulk copies)")
         else:
             if step.group == "model":        # the rows measured so far, for the model to predict
                 slot = next((x for x in results if x.group == "slot" and isinstance(x.data, dict)), None)
@@ -871,6 +990,11 @@ def run_quick(args, started: str) -> list[Result]:
             copy_gbps = r.data.get("hbm_gbps")
         results.append(r)
         _log(r)
+        if step.group == "tma" and not any(x.name == "bulk copies vs the portable path" for x in results):
+            row = tma_comparison(results, args.backend)
+            if row is not None:
+                results.append(row)
+                _log(row)
         _write(results, args, device, started)
     return results
 

@@ -502,12 +502,16 @@ static bool check_copy(rig& g, size_t bytes) {
 
 int main(int argc, char** argv) {
   const bool full = argc > 1 && strcmp(argv[1], "full") == 0;
+  // the mode "copy": the copy engine's rows alone ({"exp": "copy", ...}, below); the device row
+  // says whether the engine was built with bulk copies (HCCC_BULK_COPIES: -DHCCC_TMA=1 on sm_90,
+  // or the CPU emulation's model of them)
+  const bool copy_only = argc > 1 && strcmp(argv[1], "copy") == 0;
   const double scale = argc > 2 ? atof(argv[2]) : 1.0;   // the CPU test shrinks everything
-  printf("{\"exp\": \"device\", \"name\": \"%s\", \"warp\": %d, \"nslots\": %d}\n", device_name(),
-         HCCC_WARP_SIZE, HCCC_NSLOTS);
+  printf("{\"exp\": \"device\", \"name\": \"%s\", \"warp\": %d, \"nslots\": %d, \"bulk_copies\": %d}\n",
+         device_name(), HCCC_WARP_SIZE, HCCC_NSLOTS, HCCC_BULK_COPIES);
   fflush(stdout);
   // A: ping-pong
-  {
+  if (!copy_only) {
     uint64_t* flags = (uint64_t*)dmalloc(32 * sizeof(uint64_t));
     const int rounds = std::max(10, (int)(20000 * scale));
 #if defined(HCCC_PLATFORM_CPU)
@@ -560,6 +564,7 @@ int main(int argc, char** argv) {
   const int nthreadsets = full ? 5 : 3;
 #endif
   const int reps = full ? 5 : 3;
+  if (!copy_only)
   for (const opdef& o : ops)
     for (int ti = 0; ti < nthreadsets; ++ti)
       for (int si = 0; si < nslices; ++si) {
@@ -585,7 +590,7 @@ int main(int argc, char** argv) {
       fflush(stdout);
     }
   // C: block 0's COPY units, alone and with every other block of a full grid waiting
-  {
+  if (!copy_only) {
     const int block = threads[nthreadsets - 1];
 #if defined(HCCC_PLATFORM_CPU)
     const int full_grid = 4;
@@ -602,7 +607,7 @@ int main(int argc, char** argv) {
   }
   rig_free(g);
   // D: what a launch costs by its blocks: an empty kernel, the engine's start and rows
-  {
+  if (!copy_only) {
     const int block = threads[nthreadsets - 1];
 #if defined(HCCC_PLATFORM_CPU)
     const int grids[] = {1, 2, 4};
@@ -644,7 +649,7 @@ int main(int argc, char** argv) {
     }
   }
   // E: the runtime's timer around empty kernels, against a plain event pair
-  {
+  if (!copy_only) {
     const int block = threads[nthreadsets - 1];
     const int reps = full ? 20 : 10;
     uint64_t* f = (uint64_t*)dmalloc(16 * sizeof(uint64_t));

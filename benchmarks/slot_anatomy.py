@@ -25,8 +25,12 @@ Builds ``benchmarks/slot_anatomy.cu`` against the headers hccc emits (the kernel
 
 ``--backend cpu`` builds the same program for the CPU emulation at a hundredth of the sizes: the
 program and this script are tested that way (the times then measure the emulation, not a GPU).
+``--copy-only``: the copy engine's rows alone (a few seconds on a GPU). The program is built with
+the kernels' build switches of the environment (``HCCC_TMA=1``: bulk copies, which the device
+row's ``bulk_copies`` reports), so ``HCCC_TMA=1 python benchmarks/slot_anatomy.py --copy-only`` measures
+the copy engine with them (``benchmarks/gpu_validate.py --quick`` sets both side by side).
 
-    python benchmarks/slot_anatomy.py [--quick] [--json FILE] [--backend cuda|cpu]
+    python benchmarks/slot_anatomy.py [--quick | --copy-only] [--json FILE] [--backend cuda|cpu]
 """
 from __future__ import annotations
 
@@ -69,21 +73,27 @@ def fits(rows: list[dict]) -> list[dict]:
 
 
 def build(backend: str, workdir: Path) -> Path:
-    """The headers (emitted for a small example) and the program, compiled for ``backend``."""
+    """The headers (emitted for a small example) and the program, compiled for ``backend`` with
+    the environment's build switches (:func:`hccc.runtime.platform.build_switches`)."""
     from hccc.compiler.backend.codegen import generate
     from hccc.compiler.frontend import generators as gen
     from hccc.compiler.passes.build import build_program
+    from hccc.runtime.platform import PlatformError, build_switches
+    try:
+        switches = build_switches()
+    except PlatformError as exc:
+        raise SystemExit(f"slot_anatomy: {exc}") from None
     hdr = workdir / "headers"
     hdr.mkdir()
     generate(build_program(gen.ring_allgather(2), chunk_bytes=1 << 20), hdr, platforms=["cuda"] * 2)
     exe = workdir / "slot_anatomy"
     if backend == "cpu":
         cmd = [os.environ.get("HCCC_CXX", "g++"), "-std=c++17", "-O1", "-pthread", "-DHCCC_PLATFORM_CPU",
-               "-DHCCC_SINGLE_GPU=1", "-x", "c++", "-I", str(hdr), str(SOURCE), "-o", str(exe)]
+               "-DHCCC_SINGLE_GPU=1", *switches, "-x", "c++", "-I", str(hdr), str(SOURCE), "-o", str(exe)]
     else:
         nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
         arch = os.environ.get("HCCC_CUDA_ARCH", "native")
-        cmd = [nvcc, "-std=c++17", "-O3", f"-arch={arch}", "-DHCCC_SINGLE_GPU=1", "-I", str(hdr),
+        cmd = [nvcc, "-std=c++17", "-O3", f"-arch={arch}", "-DHCCC_SINGLE_GPU=1", *switches, "-I", str(hdr),
                str(SOURCE), "-o", str(exe)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
@@ -95,13 +105,12 @@ def _text(out) -> str:
     return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
 
 
-def run(exe: Path, quick: bool, scale: float, timeout: float) -> tuple[list[dict], str | None]:
-    """(the rows the program printed, None, or why it stopped short: its exit status or the
+def run(exe: Path, mode: str, scale: float, timeout: float) -> tuple[list[dict], str | None]:
+    """(the rows the program printed in ``mode``: quick, full or copy; None, or why it stopped short: its exit status or the
     timeout, with the end of its stderr). The rows of a program that stopped short are kept: a
     failure in a late experiment (a launch the device refuses) costs that experiment only."""
     try:
-        res = subprocess.run([str(exe), "quick" if quick else "full", repr(scale)], capture_output=True,
-                             text=True, timeout=timeout)
+        res = subprocess.run([str(exe), mode, repr(scale)], capture_output=True, text=True, timeout=timeout)
         out, err, why = res.stdout, res.stderr, (None if res.returncode == 0 else f"exit {res.returncode}")
     except subprocess.TimeoutExpired as exc:
         out, err, why = _text(exc.stdout), _text(exc.stderr), f"did not finish in {timeout:.0f} s"
@@ -164,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=("cuda", "cpu"), default=None,
                     help="cuda (default where nvcc and a GPU answer) or cpu (the emulation, small sizes)")
-    ap.add_argument("--quick", action="store_true", help="fewer slices and thread counts (about 40 s)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="fewer slices and thread counts (about 40 s)")
+    mode.add_argument("--copy-only", action="store_true",
+                      help="the copy engine's rows alone, quick's thread counts (a few seconds)")
     ap.add_argument("--json", default=None, help="write every row here")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds for the program's run")
     args = ap.parse_args(argv)
@@ -175,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     scale = 0.01 if backend == "cpu" else 1.0
     with tempfile.TemporaryDirectory() as d:
         exe = build(backend, Path(d))
-        rows, why = run(exe, args.quick, scale, args.timeout)
+        rows, why = run(exe, "copy" if args.copy_only else "quick" if args.quick else "full", scale,
+                        args.timeout)
     if why:
         print(f"slot_anatomy: the program stopped short ({why}); the {len(rows)} rows it printed are kept",
               file=sys.stderr)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from hccc.runtime import cache
 from hccc.util import dtypes as dtypes_table
-from hccc.runtime.platform import CTYPES, RED_CONSTS, Instance, PlatformError, instance_expansion
+from hccc.runtime.platform import CTYPES, RED_CONSTS, Instance, PlatformError, build_switches, instance_expansion
 
 #: the emitted header every rank source includes first, precompiled for the units (``_prims_pch``)
 PCH_HEADER = "hccc_prims.h"
@@ -211,7 +211,7 @@ class CpuToolchain:
         exe = self._cxx_exe
         define = instance_define(instance)
         flags = ([*_CXX_FLAGS, self.opt, *(ASAN_FLAGS if self.sanitize else [])]
-                 + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else []))
+                 + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else []) + build_switches())
         # the launcher and the precompiled headers depend on the headers, not on the program
         headers_digest = cache.files_digest([outdir / h for h in headers], outdir)
         launcher_obj = self._launcher_object(outdir, headers, headers_digest, flags, cache_dir)

@@ -37,7 +37,7 @@ from typing import Iterable
 
 from hccc.compiler.backend import abi
 from hccc.runtime.gpu import GpuPlatform, compile_module, find_compiler, select_ranks, translation_unit
-from hccc.runtime.platform import Instance, PlatformError, register
+from hccc.runtime.platform import Instance, PlatformError, build_switches, register
 
 GPU_HINT = "CuPy is not installed: pip install 'hccc[gpu]'"
 ARCH_ENV = "HCCC_CUDA_ARCH"
@@ -82,8 +82,10 @@ def build_cuda_module(outdir: Path, manifest: dict, instance: Instance,
 
 
 def cuda_flags(arch: str, single_gpu: bool = False, *, output: str = "-cubin") -> list[str]:
-    """nvcc flags of a kernel build (``output``: ``-cubin``, or ``-ptx`` to inspect the code)."""
-    return ["-std=c++17", "-O3", output, f"-arch={arch}"] + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else [])
+    """nvcc flags of a kernel build (``output``: ``-cubin``, or ``-ptx`` to inspect the code), with
+    the switches the environment asks for (:func:`hccc.runtime.platform.build_switches`)."""
+    return (["-std=c++17", "-O3", output, f"-arch={arch}"] + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else [])
+            + build_switches())
 
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import abc
 import importlib
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,24 @@ class Instance:
 CTYPES = {d.name: d.ctype for d in dtypes_table.DTYPES}
 #: the reduction-operator constant of each op in the same macro
 RED_CONSTS = {o.name: o.const for o in dtypes_table.OPS}
+
+
+#: the environment variable that builds the kernels with bulk copies (``-DHCCC_TMA=1``: sm_90's
+#: TMA, and the CPU emulation's model of it; no other platform has them): "1" on, "0" or unset off.
+#: Off by default until a GPU run shows the bulk path wins (docs/kernel-protocol.md, *Bulk copies*;
+#: ``benchmarks/gpu_validate.py --quick`` measures both).
+TMA_ENV = "HCCC_TMA"
+
+
+def build_switches() -> list[str]:
+    """The kernel build's switches the environment asks for (:data:`TMA_ENV`): compiler flags,
+    part of every build's cache key; PlatformError for a value other than 0 or 1."""
+    v = os.environ.get(TMA_ENV, "").strip()
+    if v in ("", "0"):
+        return []
+    if v == "1":
+        return ["-DHCCC_TMA=1"]
+    raise PlatformError(f"{TMA_ENV}={v!r}: expected 0 (the portable copy path) or 1 (bulk copies)")
 
 
 def instance_expansion(instance: Instance) -> str:

@@ -279,11 +279,13 @@ def shm_leaks(before: set) -> set:
     return leaks
 
 
-def harness_library(tmp_dir, source: str, name: str, *, warp: int | None = None, opt: str = "-O1"):
+def harness_library(tmp_dir, source: str, name: str, *, warp: int | None = None, opt: str = "-O1",
+                    defines: tuple[str, ...] = ()):
     """A C++ test harness (``source``, which includes ``hccc_prims.h``) built for the CPU emulation
     against the headers hccc emits, as a shared library loaded with ctypes: the one way the
     kernel-level tests (LL lines, the block roles, the copy engine) reach the device code.
-    ``warp``: the emulated warp width (-DHCCC_WARP_SIZE)."""
+    ``warp``: the emulated warp width (-DHCCC_WARP_SIZE); ``defines``: more build switches
+    (``-DHCCC_TMA=1``)."""
     import ctypes
     import subprocess
     from pathlib import Path
@@ -300,6 +302,7 @@ def harness_library(tmp_dir, source: str, name: str, *, warp: int | None = None,
     flags = ["-std=c++17", opt, "-fPIC", "-shared", "-pthread", "-DHCCC_PLATFORM_CPU"]
     if warp is not None:
         flags.append(f"-DHCCC_WARP_SIZE={warp}")
+    flags += list(defines)
     res = subprocess.run(["g++", *flags, "-I", str(d), str(d / f"{name}.cpp"), "-o", str(so)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -179,7 +179,7 @@ def test_quick_plan_covers_every_step_of_a_short_lease(tmp_path):
     steps = v.plan_quick(args, tmp_path)
     examples = sorted(p.stem for p in (ROOT / "examples").glob("*.rccl"))
     assert [s.group for s in steps] == (["env", "build", "copy", "slot", "latency", "latency", "latency", "large",
-                                         "large", "hm", "hm", "hm"] + ["examples"] * len(examples)
+                                         "large", "tma", "tma", "hm", "hm", "hm"] + ["examples"] * len(examples)
                                         + ["torch", "vs_nccl", "pathology", "pathology", "model"])
     # the latency rows: ring AllReduce 8 under both protocols, fused and not; the one-shot; the one-step
     lat = {s.name: json.loads(s.argv[-1]) for s in steps if s.group == "latency"}
@@ -192,6 +192,14 @@ def test_quick_plan_covers_every_step_of_a_short_lease(tmp_path):
     large = [json.loads(s.argv[-1])[0] for s in steps if s.group == "large"]
     assert [(Path(r[1]).stem, r[r.index("--sizes") + 1]) for r in large] == [("ring_allgather_8", "256M"),
                                                                              ("ring_allreduce_8", "256M")]
+    # the bulk-copy A/B: the copy engine alone and ring AllGather 8 at 256 MiB (the large group's
+    # first row, its portable side), both built with HCCC_TMA=1
+    copy_ab, ag_ab = [s for s in steps if s.group == "tma"]
+    assert copy_ab.argv[1:3] == [str(v.SLOT_ANATOMY), "--copy-only"] and copy_ab.env == {"HCCC_TMA": "1"}
+    assert copy_ab.data_file.endswith(".json") and "--backend" not in copy_ab.argv
+    (ag_line,) = json.loads(ag_ab.argv[-1])
+    assert ag_line == large[0] and ag_ab.env == {"HCCC_TMA": "1"}
+    assert all(not s.env for s in steps if s.group != "tma")
     hm = [json.loads(s.argv[-1])[0] for s in steps if s.group == "hm"]
     assert [("--inplace-only" in r, "--slice-size" in r) for r in hm] == [(True, False), (False, False),
                                                                           (True, True)]
@@ -227,6 +235,7 @@ def test_quick_plan_covers_every_step_of_a_short_lease(tmp_path):
     build = json.loads(steps[1].argv[-1])
     # every example, then each latency run once (the one-shot's and the fused kernels)
     assert len(build["examples"]) == len(examples) + 7 and build["jobs"] == 8
+    assert [Path(r[1]).stem for r in build["tma"]] == ["ring_allgather_8"]      # built with HCCC_TMA=1
     assert all(r[r.index("-n") + 1] == "1" for r in build["examples"][len(examples):])
     assert build["synth"][0] == before and build["synth"][1][build["synth"][1].index("--sizes") + 1] == "4K"
     assert "--build-only" in build["vs_nccl"] and build["vs_nccl"][build["vs_nccl"].index("--ranks") + 1] == "8"
@@ -332,7 +341,8 @@ def test_quick_mode_from_a_cpu_run(tmp_path):
                  "--report", str(tmp_path / "r.md"), "--json", str(js), "--workdir", str(tmp_path / "w")])
     steps = json.loads(js.read_text())["steps"]
     assert rc == 0, steps
-    assert [s["group"] for s in steps] == (["env", "copy", "slot"] + ["latency"] * 3 + ["large"] * 2 + ["hm"] * 3
+    assert [s["group"] for s in steps] == (["env", "copy", "slot"] + ["latency"] * 3 + ["large"] * 2 + ["tma"] * 3
+                                           + ["hm"] * 3
                                            + ["examples", "torch", "vs_nccl", "pathology", "pathology", "model"])
     ex = next(s for s in steps if s["group"] == "examples")
     assert [r["proto"] for run in ex["data"]["runs"] for r in run["result"]["results"]] == ["simple", "simple", "ll"]
@@ -351,6 +361,11 @@ def test_quick_mode_from_a_cpu_run(tmp_path):
     assert len(fused) == 1 and fused[0].split("|")[9].strip() not in ("", "-")      # the model column
     assert fused[0].split("|")[10].strip() not in ("", "-")                          # this run's units
     assert "| all_to_all_single |" in text and text.count("| ok |") >= 2
+    # the bulk-copy A/B beside the portable path: every copy row paired, the AllGather's times
+    ab = next(s for s in steps if s["name"] == "bulk copies vs the portable path")
+    assert ab["status"] == "ok" and ab["data"]["allgather"]["bytes"] == 16 << 10
+    assert len(ab["data"]["copy"]) == 15 and "## Bulk copies (HCCC_TMA=1) beside the portable path" in text
+    assert next(s for s in steps if s["name"] == "copy engine, bulk copies")["summary"].startswith("bulk copies on")
 
 
 def test_a_step_runs_its_before_commands_unless_their_file_exists_and_gets_its_seconds(tmp_path):
@@ -378,3 +393,56 @@ def test_the_torch_checks_uneven_splits_agree_between_sender_and_receiver():
             assert len(set(splits[r][0])) == world and len(set(splits[r][1])) == world
             for p in range(world):
                 assert splits[r][0][p] == splits[p][1][r] > 0
+
+
+def _slot(rates: dict, bulk: bool | None = None) -> dict:
+    d = {"rows": [{"exp": "copy", "threads": t, "slice": sl, "GBps": g, "correct": True}
+                  for (t, sl), g in rates.items()]}
+    if bulk is not None:
+        d["rows"].insert(0, {"exp": "device", "name": "Fake GPU", "bulk_copies": int(bulk)})
+    return d
+
+
+@pytest.mark.parametrize("copy_on,ag_on_us,want", [
+    ({(32, 4096): 11.0, (512, 65536): 60.0, (512, 524288): 70.0}, 90.0, "bulk copies win"),
+    ({(32, 4096): 11.0, (512, 65536): 60.0, (512, 524288): 70.0}, 97.0, "the portable path stays"),  # AG 1.03x
+    ({(32, 4096): 9.0, (512, 65536): 51.0, (512, 524288): 80.0}, 50.0, "the portable path stays"),   # copy 1.02x
+])
+def test_the_bulk_copy_comparison_pairs_the_rows_and_decides_by_the_threshold(copy_on, ag_on_us, want):
+    """The A/B row: the copy engine's rows joined on (threads, slice) with the slot step's (a row
+    only one side has is left out), ring AllGather 8's time against the large step's, each portable
+    over bulk; bulk copies win only where both gain TMA_WIN (5 %)."""
+    v = _script()
+    assert v.TMA_WIN == 0.05
+    off = {(32, 4096): 10.0, (512, 65536): 50.0, (512, 524288): 66.0, (128, 4096): 20.0}
+    results = [v.Result("slot", "slot_anatomy --quick", "ok", 1.0, "", {"json": _slot(off), "stdout": ""}),
+               v.Result("large", "ring_allgather_8 256M", "ok", 1.0, "", _run_json("allgather", 8, 256 << 20, 100.0)),
+               v.Result("tma", "copy engine, bulk copies", "ok", 1.0, "", _slot(copy_on, True))]
+    assert v.tma_comparison(results, "cuda") is None                    # (before the AllGather has run)
+    results.append(v.Result("tma", "ring_allgather_8 256M, bulk copies", "ok", 1.0, "",
+                            _run_json("allgather", 8, 256 << 20, ag_on_us)))
+    row = v.tma_comparison(results, "cuda")
+    assert row.status == "ok" and row.data["verdict"].startswith(want), row.summary
+    assert [(c["threads"], c["slice"]) for c in row.data["copy"]] == sorted(copy_on)
+    for c in row.data["copy"]:
+        assert c["speedup"] == pytest.approx(copy_on[c["threads"], c["slice"]] / off[c["threads"], c["slice"]])
+    assert row.data["allgather"]["speedup"] == pytest.approx(100.0 / ag_on_us)
+    # a build without bulk copies (a GPU before sm_90) has nothing to compare
+    results[2] = v.Result("tma", "copy engine, bulk copies", "ok", 1.0, "", _slot(copy_on, False))
+    assert v.tma_comparison(results, "cuda").status == "n/a"
+    # a side missing: failed, undecided
+    results[2] = v.Result("tma", "copy engine, bulk copies", "timeout", 90.0, "no answer", None)
+    row = v.tma_comparison(results, "cuda")
+    assert row.status == "failed" and row.data["verdict"].startswith("undecided")
+
+
+def test_the_bulk_copy_steps_are_not_available_on_hip(monkeypatch, tmp_path):
+    v = _script()
+    real = v.plan_quick
+    monkeypatch.setattr(v, "plan_quick", lambda args, wd: [s for s in real(args, wd) if s.group == "tma"])
+    js = tmp_path / "r.json"
+    assert v.main(["--quick", "--backend", "hip", "--build-jobs", "0", "--report", str(tmp_path / "r.md"),
+                   "--json", str(js), "--workdir", str(tmp_path / "w")]) == 0
+    steps = json.loads(js.read_text())["steps"]
+    assert [s["status"] for s in steps] == ["n/a"] * 3
+    assert steps[0]["summary"] == "not available on hip (no bulk copies)"

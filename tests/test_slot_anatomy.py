@@ -35,6 +35,29 @@ def test_slope_recovers_a_line(a, b, xs):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+def test_the_copy_engine_alone_with_bulk_copies(tmp_path, monkeypatch):
+    """``--copy-only`` under ``HCCC_TMA=1`` (what gpu_validate --quick's A/B runs): the program is
+    built with bulk copies, prints the copy engine's rows alone, every one correct; a bad switch
+    value is refused with a message."""
+    sa = _module()
+    out = tmp_path / "copy.json"
+    monkeypatch.delenv("HCCC_TMA", raising=False)
+    assert sa.main(["--backend", "cpu", "--copy-only", "--json", str(out)]) == 0
+    device = [r for r in json.loads(out.read_text())["rows"] if r["exp"] == "device"]
+    assert [r["bulk_copies"] for r in device] == [0]        # (the portable path)
+    monkeypatch.setenv("HCCC_TMA", "1")
+    assert sa.main(["--backend", "cpu", "--copy-only", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["bulk_copies"] for r in data["rows"] if r["exp"] == "device"] == [1]
+    assert {r["exp"] for r in data["rows"]} == {"device", "copy"}
+    copies = [r for r in data["rows"] if r["exp"] == "copy"]
+    assert len(copies) == 15 and all(r["correct"] and r["us"] > 0 for r in copies)
+    monkeypatch.setenv("HCCC_TMA", "on")
+    with pytest.raises(SystemExit, match="HCCC_TMA='on'"):
+        sa.main(["--backend", "cpu", "--copy-only"])
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 def test_every_experiment_runs_on_the_cpu_emulation(tmp_path):
     sa = _module()
     out = tmp_path / "anatomy.json"
@@ -78,8 +101,8 @@ def test_a_program_that_stops_short_keeps_the_rows_it_printed(tmp_path, body, wh
     exe = tmp_path / "prog"
     exe.write_text("#!/bin/sh\n" + body + "\n")
     exe.chmod(0o755)
-    rows, got = sa.run(exe, True, 1.0, timeout=1.0)
+    rows, got = sa.run(exe, "quick", 1.0, timeout=1.0)
     assert rows == [{"exp": "device", "name": "x"}, {"exp": "copy", "GBps": 1}]
     assert got is not None and why in got and ("boom" in got) == (why == "exit 3")
     exe.write_text('#!/bin/sh\necho \'{"exp": "device"}\'; echo \'{"exp": "done"}\'\n')
-    assert sa.run(exe, True, 1.0, timeout=3.0) == ([{"exp": "device"}], None)
+    assert sa.run(exe, "quick", 1.0, timeout=3.0) == ([{"exp": "device"}], None)
