@@ -13,13 +13,13 @@ Checked for ring AllReduce 8 and HM AllReduce 4x8, each float32 sum and bfloat16
 the one-grid entry, in single-GPU and system-scope builds (and ring AllReduce 8 float32 sum built
 with ``-DHCCC_SYNC_POSTS=1``, the sync lane posting every unit), the same four lowered with
 ``--fuse`` (their fused rows marked as LL chains, whose code the engine then carries:
-hccc.compiler.ir.ll_chains), and for direct AllToAll 8 (float32), whose
-kernels also run as AllToAllv: their engine has the counts path (hccc_v_round), which must not cost
+hccc.compiler.ir.ll_chains), and for direct AllToAll 8 (float32 sum and bfloat16 max) and
+hierarchical AllToAll 2x8 (float32 sum), whose kernels also run as AllToAllv: their engine has the counts path (hccc_v_round), which must not cost
 the engine registers either (docs/measurements.md#the-engines-registers-under-alltoallv-ptxas-no-gpu); and
 for the table mode's generic kernels (float32 sum and bfloat16 max), which run every program and
 so carry that path too. The specialised kernels' blocks decode their primitives into a shared-memory table at launch
-(hccc.compiler.backend.prim_table; an AllToAll program's load each one): with it, a kernel's shared
-memory stays within CUDA's 48 KiB of static shared memory per block. ``ptxas -v`` is read entry by
+(hccc.compiler.backend.prim_table; an AllToAll program's too, hccc_tvprogram): with it, a kernel's
+shared memory stays within CUDA's 48 KiB of static shared memory per block. ``ptxas -v`` is read entry by
 entry: ptxas compiles the engine again for each kernel, and the one-grid entry's copy is not the
 rank kernels' (it held the program in registers and spilled where they did not).
 Every default (dtype, op) instance is checked in the table-mode library: its units
@@ -119,6 +119,11 @@ def _per_entry(text: str) -> dict[str, dict]:
     # (each connection's scope lives in words the engine keeps anyway, HCCC_K_PSYS and the waits'
     # fresh: as fields of their own they made this engine spill 16 B / load 20 B, sm_90, nvcc 13.0)
     ("direct_alltoall_8", "float32", "sum", (), False),
+    # (AllToAll programs decode their primitives into a table too, prim_table.ALLTOALL_TABLE: with it
+    # the data loop's round counter and two words of the one-grid entry's program had spilled, 8 B
+    # each, until hccc_first_data and hccc_prog_slot)
+    ("direct_alltoall_8", "bfloat16", "max", (), False),
+    ("hierarchical_alltoall_2x8", "float32", "sum", (), False),
     ("ring_allreduce_8", "float32", "sum", ("-DHCCC_SYNC_POSTS=1",), False),
     # --fuse: fused LL chains (hccc.compiler.ir.ll_chains) marked in the rows, run by the engine
     ("ring_allreduce_8", "float32", "sum", (), True),
@@ -143,11 +148,11 @@ def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_pa
     entries = {k: v for k, v in rep.items() if "registers" in v and k != "hccc_runtime_gate"}
     kernels = {e["kernel"] for e in man["ranks"]} | {man["grid"]["cuda"]["kernel"]}
     # the blocks decode their primitives into a table of shared memory at launch (an AllToAll
-    # program's load each one: prim_table.ALLTOALL_TABLE): the table and the block's state, within
-    # CUDA's 48 KiB of static shared memory per block
+    # program too, prim_table.ALLTOALL_TABLE): the table and the block's state, within CUDA's 48 KiB
+    # of static shared memory per block
     table = man["stats"]["prim_table_bytes"]
-    alltoall = example.startswith("direct_alltoall")
-    assert (man["stats"]["prim_decode"], table > 0) == (("load", False) if alltoall else ("table", True))
+    alltoall = "alltoall" in example
+    assert (man["stats"]["prim_decode"], table > 0) == ("table", True)
     assert smem and all(table < b <= 48 * 1024 for b in smem), (smem, table)
     assert {re.sub(r"_(?:float32|bfloat16)_(?:sum|max)$", "", k) for k in entries} == kernels
     for name, v in entries.items():
@@ -156,7 +161,7 @@ def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_pa
     for name, v in rep.items():
         assert v["spill_stores"] == 0 and v["spill_loads"] == 0, (name, v)
     assert any("hccc_run" in n for n in rep), sorted(rep)
-    # the chains' once-a-chain function where the engine runs chains (a decoded table: not AllToAll)
+    # the chains' once-a-chain function where the engine runs chains (not AllToAll's: hccc_chains_of)
     assert any("hccc_chain_enter" in n for n in rep) == (not alltoall), sorted(rep)
     _check_sass(src.with_suffix(".cubin"))
 
