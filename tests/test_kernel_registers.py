@@ -215,33 +215,24 @@ def test_table_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, dtyp
 # (hccc.compiler.backend.table_units, the library's Makefile flags: system scope, with the one-grid
 # entries), each unit's ``ptxas -v`` read entry by entry and its machine code by function. Known
 # spills, each with its cause (strict: a fix shows as an unexpected pass):
-KNOWN_SPILLS = {
-    # the one-grid entries of float64 sum and avg spill the sync lane's unit counter in their engine
-    # (8 B stored, 12 loaded) where both are compiled in one translation unit (the library's unit 1
-    # built with -DHCCC_TABLE_GRID_KERNELS=1; the default library has no one-grid entries): either
-    # alone spills nothing, nor does the runtime's own compile of one instance (translation_unit),
-    # so the register allocation of that copy of the engine, not the element type's data path, is at
-    # the edge (float64 max / min's spill, the data loop's round counter, was the data path:
-    # hccc_costly_reduce). The same functions are compiled either way; why sharing the
-    # once-per-block callees (hccc_launch_init<double>, ...) moves the engine's allocation is not
-    # established
-    ("float64", "sum", "grid"): "float64 sum and avg one-grid engines in one unit: the sync lane's counter spills",
-    ("float64", "avg", "grid"): "float64 sum and avg one-grid engines in one unit: the sync lane's counter spills",
-    # (the float64 avg rank kernel spilled 8 B stored, 12 loaded, while each connection's scope had
-    # fields of its own, hccc_waits::tbit / hbit and hccc_posts::sys: clean since they live in words
-    # the engine keeps anyway, HCCC_K_PSYS and hccc_waits::fresh)
+KNOWN_SPILLS: dict[tuple[str, str, str], str] = {
+    # (none. The one-grid entries of float64 sum and avg spilled 8 B stored, 12 loaded, where both
+    # were compiled in one unit (the library's unit 1 built with -DHCCC_TABLE_GRID_KERNELS=1): the
+    # sync lane's cursor held its primitive's first dependency slot in a register across its loop,
+    # used once a primitive; it lives in shared memory now, hccc_sstate::dep. float64 max / min's
+    # spill, the data loop's round counter, was the data path: hccc_costly_reduce. The float64 avg
+    # rank kernel spilled 8 B stored, 12 loaded, while each connection's scope had fields of its
+    # own, hccc_waits::tbit / hbit and hccc_posts::sys: clean since they live in words the engine
+    # keeps anyway, HCCC_K_PSYS and hccc_waits::fresh)
 }
 
 
 def _instance_params():
-    from hccc.compiler.backend.table_units import default_units
     from hccc.util.dtypes import instances
-    # (the float64 sum / avg spill only where the two share a unit)
-    shared = any({("float64", "sum"), ("float64", "avg")} <= set(u.instances) for u in default_units())
     out = []
     for d, o in instances():
         for kind in ("rank", "grid"):
-            reason = KNOWN_SPILLS.get((d.name, o.name, kind)) if shared else None
+            reason = KNOWN_SPILLS.get((d.name, o.name, kind))
             marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
             out.append(pytest.param(d.name, o.name, kind, marks=marks, id=f"{d.name}-{o.name}-{kind}"))
     return out
