@@ -1,8 +1,9 @@
 """Registers, spills, scratch and calls of the HIP kernels, from the device assembly (hipcc -S) for
 gfx90a (CDNA2, wave64) and gfx1030 (RDNA2, wave32).
 
-For ring AllReduce 8 and HM AllReduce 4x8, float32 sum and bfloat16 max, single-GPU and
-system-scope builds, every rank kernel and the one-grid entry:
+For ring AllReduce 8, HM AllReduce 4x8 and direct AllToAll 8 (its blocks' primitives decoded into
+a table too), float32 sum and bfloat16 max, single-GPU and system-scope builds, every rank kernel
+and the one-grid entry:
 
 * no spill: the code object's metadata (``amdhsa.kernels``) gives ``.sgpr_spill_count`` and
   ``.vgpr_spill_count`` 0 for every kernel;
@@ -21,7 +22,8 @@ system-scope builds, every rank kernel and the one-grid entry:
   compiler places in a loop (its own loop annotations: ``; in Loop:``, ``Loop Header``).
 
 bfloat16 max on gfx1030 does not hold yet: its engine's call frame passes the bound
-(:data:`BF16_MAX_FRAME`: expected to fail, strictly).
+(:data:`BF16_MAX_FRAME`: expected to fail, strictly); nor does direct AllToAll 8 on gfx90a: a
+scratch reload on its engine's loop (:data:`ALLTOALL_GFX90A`).
 """
 from __future__ import annotations
 
@@ -70,6 +72,14 @@ LOOP_CALLEES = tuple(c for c in CALLEES if c != "hccc_launch_init")
 #: failure to remove the mark.
 BF16_MAX_FRAME = pytest.mark.xfail(strict=True, reason="bfloat16 max on gfx1030: the engine's call frame "
                                                        "(callee-saved VGPRs) passes STACK_BYTES")
+
+
+#: measured with ROCm 5.2: the gfx90a engine of direct AllToAll 8 (float32 sum and bfloat16 max)
+#: reloads a register from its frame inside a loop (``4-byte Folded Reload``, scratch); so it did
+#: before AllToAll programs had a decoded table, with the per-primitive load (whose gfx1030 engine's
+#: frame also passed STACK_BYTES; with the table its float32 sum is clean). Strict.
+ALLTOALL_GFX90A = pytest.mark.xfail(strict=True, reason="direct AllToAll 8 on gfx90a: a scratch reload on "
+                                                        "the engine's loop")
 
 
 def kernel_metadata(asm: str) -> dict[str, dict[str, str]]:
@@ -156,12 +166,14 @@ def _build(tmp_path: Path, example: str, dtype: str, op: str, single: bool, arch
 @pytest.mark.parametrize("arch", sorted(ARCH))
 @pytest.mark.parametrize("single", [True, False])
 @pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("bfloat16", "max")])
-@pytest.mark.parametrize("example", ["ring_allreduce_8", "hm_allreduce_4x8"])
+@pytest.mark.parametrize("example", ["ring_allreduce_8", "hm_allreduce_4x8", "direct_alltoall_8"])
 @pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
 def test_amd_kernels_keep_a_block_resident_no_spill_no_scratch_on_the_loop(request, tmp_path, example, dtype,
                                                                              op, single, arch, fuse):
     if dtype == "bfloat16" and arch == "gfx1030":
         request.applymarker(BF16_MAX_FRAME)
+    elif example == "direct_alltoall_8" and arch == "gfx90a":
+        request.applymarker(ALLTOALL_GFX90A)
     asm, man = _build(tmp_path, example, dtype, op, single, arch, fuse)
     meta = kernel_metadata(asm)
     kernels = {k: v for k, v in meta.items() if k != "hccc_runtime_gate"}
