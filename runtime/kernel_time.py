@@ -128,9 +128,12 @@ def chain_units(program, proto: str, table: bool = False) -> bool:
     """Whether the kernels that run ``program`` under ``proto`` form fused LL chains: under LL, in
     kernels with a decoded primitive table (:func:`hccc.compiler.backend.prim_table.ptable_prims`:
     the chain's links are its entries; not the table mode's generic kernels, ``table``, nor a
-    program that takes the per-primitive load)."""
+    program that takes the per-primitive load), not an AllToAll program's (its engine has no chain
+    code, ``hccc_chains_of``: its templates are rounds of the counts)."""
     from hccc.compiler.backend.prim_table import ptable_prims
-    return proto == "ll" and ptable_prims(program, no_table=table) > 0
+    from hccc.compiler.frontend.collectives import spec_of
+    return (proto == "ll" and not spec_of(program.collective).per_pair_counts
+            and ptable_prims(program, no_table=table) > 0)
 
 
 #: the protocols under which the GPU kernels run a receive group as N-source units: LL only (the

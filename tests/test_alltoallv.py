@@ -189,12 +189,12 @@ def test_non_alltoall_is_refused():
 # ------------------------------------------------------------------------------ the kernels
 def test_only_alltoall_programs_kernels_have_the_alltoallv_path(tmp_path):
     """An AllToAll program's rank and one-grid sources run their program as an hccc_vprogram (the
-    engine with the AllToAllv path; its blocks load each primitive, prim_table.ALLTOALL_TABLE); every
-    other collective's as an hccc_program (here an
-    HCCC_TPROGRAM(N)), whose engine is compiled without it (its registers stay off every ordinary collective's
-    kernels)."""
+    engine with the AllToAllv path; here an HCCC_TVPROGRAM(N), its blocks' primitives decoded at
+    launch, prim_table.ALLTOALL_TABLE); every other collective's as an hccc_program (here an
+    HCCC_TPROGRAM(N)), whose engine is compiled without it (its registers stay off every ordinary
+    collective's kernels)."""
     from hccc.compiler.backend.codegen import generate
-    for prog, want in ((gen.ring_alltoall(3), "hccc_vprogram"), (gen.ring_allreduce(3), "HCCC_TPROGRAM"),
+    for prog, want in ((gen.ring_alltoall(3), "HCCC_TVPROGRAM"), (gen.ring_allreduce(3), "HCCC_TPROGRAM"),
                        (gen.ring_allgather(3), "HCCC_TPROGRAM")):
         ir = build_program(prog)
         out = tmp_path / ir.collective

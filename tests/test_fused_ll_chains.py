@@ -249,3 +249,24 @@ def test_the_emulation_runs_every_marked_chain_as_one_descriptor(chain_traced, c
     res = run_case(ir, case, backend=chain_traced, proto="simple", timeout_s=30)
     assert res.ok, describe_failure(case, res)
     assert "hccc-chain" not in capfd.readouterr().err
+
+
+@needs_gxx
+def test_an_alltoall_program_runs_no_chain_and_the_model_counts_none(chain_traced, capfd):
+    """Fused ring AllToAll 4 has marked rows (codegen marks its forwards) and a decoded table
+    (prim_table.ALLTOALL_TABLE), but its engine has no chain code (hccc_chains_of: an AllToAll
+    program's templates are rounds of the counts): under LL the emulation hands its data threads no
+    chain and computes the reference, and the kernel cost model (kernel_time.chain_units) counts
+    none either."""
+    from hccc.compiler.backend import prim_table
+    from hccc.compiler.ir.ll_chains import chain_rows
+    from hccc.runtime.kernel_time import chain_units
+    from hccc.testing import KernelCase
+    ir = build_program(gen.ring_alltoall(4), fuse=True, chunk_bytes=256)
+    assert chain_rows(ir).any() and chains_of(ir) and prim_table.ptable_prims(ir) > 0
+    assert not chain_units(ir, "ll")
+    case = KernelCase(ir.nchunks * 4, "float32", "sum", False, 3)   # one micro-batch, as above
+    capfd.readouterr()
+    res = run_case(ir, case, backend=chain_traced, proto="ll", timeout_s=30)
+    assert res.ok and res.proto == "ll", describe_failure(case, res)
+    assert "hccc-chain" not in capfd.readouterr().err

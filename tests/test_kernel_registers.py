@@ -15,13 +15,13 @@ with ``-DHCCC_SYNC_POSTS=1``, the sync lane posting every unit; and ring AllRedu
 bfloat16 max built with ``-DHCCC_TMA=1``, the opt-in bulk copies, which are known to spill:
 TMA_SPILLS), the same four lowered with
 ``--fuse`` (their fused rows marked as LL chains, whose code the engine then carries:
-hccc.compiler.ir.ll_chains), and for direct AllToAll 8 (float32), whose
-kernels also run as AllToAllv: their engine has the counts path (hccc_v_round), which must not cost
+hccc.compiler.ir.ll_chains), and for direct AllToAll 8 (float32 sum and bfloat16 max) and
+hierarchical AllToAll 2x8 (float32 sum), whose kernels also run as AllToAllv: their engine has the counts path (hccc_v_round), which must not cost
 the engine registers either (docs/measurements.md#the-engines-registers-under-alltoallv-ptxas-no-gpu); and
 for the table mode's generic kernels (float32 sum and bfloat16 max), which run every program and
 so carry that path too. The specialised kernels' blocks decode their primitives into a shared-memory table at launch
-(hccc.compiler.backend.prim_table; an AllToAll program's load each one): with it, a kernel's shared
-memory stays within CUDA's 48 KiB of static shared memory per block. ``ptxas -v`` is read entry by
+(hccc.compiler.backend.prim_table; an AllToAll program's too, hccc_tvprogram): with it, a kernel's
+shared memory stays within CUDA's 48 KiB of static shared memory per block. ``ptxas -v`` is read entry by
 entry: ptxas compiles the engine again for each kernel, and the one-grid entry's copy is not the
 rank kernels' (it held the program in registers and spilled where they did not).
 Every default (dtype, op) instance is checked in the table-mode library: its units
@@ -129,6 +129,11 @@ def _per_entry(text: str) -> dict[str, dict]:
     # (each connection's scope lives in words the engine keeps anyway, HCCC_K_PSYS and the waits'
     # fresh: as fields of their own they made this engine spill 16 B / load 20 B, sm_90, nvcc 13.0)
     ("direct_alltoall_8", "float32", "sum", (), False),
+    # (AllToAll programs decode their primitives into a table too, prim_table.ALLTOALL_TABLE: with it
+    # the data loop's round counter and two words of the one-grid entry's program had spilled, 8 B
+    # each, until hccc_first_data and hccc_prog_slot)
+    ("direct_alltoall_8", "bfloat16", "max", (), False),
+    ("hierarchical_alltoall_2x8", "float32", "sum", (), False),
     ("ring_allreduce_8", "float32", "sum", ("-DHCCC_SYNC_POSTS=1",), False),
     # bulk copies (-DHCCC_TMA=1: the copy engine's pure copies through cp.async.bulk, issued by lane
     # 0 of each warp): known to spill, so expected to fail until they do not (docs/kernel-protocol.md)
@@ -157,11 +162,11 @@ def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_pa
     entries = {k: v for k, v in rep.items() if "registers" in v and k != "hccc_runtime_gate"}
     kernels = {e["kernel"] for e in man["ranks"]} | {man["grid"]["cuda"]["kernel"]}
     # the blocks decode their primitives into a table of shared memory at launch (an AllToAll
-    # program's load each one: prim_table.ALLTOALL_TABLE): the table and the block's state, within
-    # CUDA's 48 KiB of static shared memory per block
+    # program too, prim_table.ALLTOALL_TABLE): the table and the block's state, within CUDA's 48 KiB
+    # of static shared memory per block
     table = man["stats"]["prim_table_bytes"]
-    alltoall = example.startswith("direct_alltoall")
-    assert (man["stats"]["prim_decode"], table > 0) == (("load", False) if alltoall else ("table", True))
+    alltoall = "alltoall" in example
+    assert (man["stats"]["prim_decode"], table > 0) == ("table", True)
     assert smem and all(table < b <= 48 * 1024 for b in smem), (smem, table)
     assert {re.sub(r"_(?:float32|bfloat16)_(?:sum|max)$", "", k) for k in entries} == kernels
     for name, v in entries.items():
@@ -170,7 +175,7 @@ def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_pa
     for name, v in rep.items():
         assert v["spill_stores"] == 0 and v["spill_loads"] == 0, (name, v)
     assert any("hccc_run" in n for n in rep), sorted(rep)
-    # the chains' once-a-chain function where the engine runs chains (a decoded table: not AllToAll)
+    # the chains' once-a-chain function where the engine runs chains (not AllToAll's: hccc_chains_of)
     assert any("hccc_chain_enter" in n for n in rep) == (not alltoall), sorted(rep)
     _check_sass(src.with_suffix(".cubin"))
 
@@ -224,33 +229,24 @@ def test_table_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, dtyp
 # (hccc.compiler.backend.table_units, the library's Makefile flags: system scope, with the one-grid
 # entries), each unit's ``ptxas -v`` read entry by entry and its machine code by function. Known
 # spills, each with its cause (strict: a fix shows as an unexpected pass):
-KNOWN_SPILLS = {
-    # the one-grid entries of float64 sum and avg spill the sync lane's unit counter in their engine
-    # (8 B stored, 12 loaded) where both are compiled in one translation unit (the library's unit 1
-    # built with -DHCCC_TABLE_GRID_KERNELS=1; the default library has no one-grid entries): either
-    # alone spills nothing, nor does the runtime's own compile of one instance (translation_unit),
-    # so the register allocation of that copy of the engine, not the element type's data path, is at
-    # the edge (float64 max / min's spill, the data loop's round counter, was the data path:
-    # hccc_costly_reduce). The same functions are compiled either way; why sharing the
-    # once-per-block callees (hccc_launch_init<double>, ...) moves the engine's allocation is not
-    # established
-    ("float64", "sum", "grid"): "float64 sum and avg one-grid engines in one unit: the sync lane's counter spills",
-    ("float64", "avg", "grid"): "float64 sum and avg one-grid engines in one unit: the sync lane's counter spills",
-    # (the float64 avg rank kernel spilled 8 B stored, 12 loaded, while each connection's scope had
-    # fields of its own, hccc_waits::tbit / hbit and hccc_posts::sys: clean since they live in words
-    # the engine keeps anyway, HCCC_K_PSYS and hccc_waits::fresh)
+KNOWN_SPILLS: dict[tuple[str, str, str], str] = {
+    # (none. The one-grid entries of float64 sum and avg spilled 8 B stored, 12 loaded, where both
+    # were compiled in one unit (the library's unit 1 built with -DHCCC_TABLE_GRID_KERNELS=1): the
+    # sync lane's cursor held its primitive's first dependency slot in a register across its loop,
+    # used once a primitive; it lives in shared memory now, hccc_sstate::dep. float64 max / min's
+    # spill, the data loop's round counter, was the data path: hccc_costly_reduce. The float64 avg
+    # rank kernel spilled 8 B stored, 12 loaded, while each connection's scope had fields of its
+    # own, hccc_waits::tbit / hbit and hccc_posts::sys: clean since they live in words the engine
+    # keeps anyway, HCCC_K_PSYS and hccc_waits::fresh)
 }
 
 
 def _instance_params():
-    from hccc.compiler.backend.table_units import default_units
     from hccc.util.dtypes import instances
-    # (the float64 sum / avg spill only where the two share a unit)
-    shared = any({("float64", "sum"), ("float64", "avg")} <= set(u.instances) for u in default_units())
     out = []
     for d, o in instances():
         for kind in ("rank", "grid"):
-            reason = KNOWN_SPILLS.get((d.name, o.name, kind)) if shared else None
+            reason = KNOWN_SPILLS.get((d.name, o.name, kind))
             marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
             out.append(pytest.param(d.name, o.name, kind, marks=marks, id=f"{d.name}-{o.name}-{kind}"))
     return out

@@ -1,8 +1,9 @@
 """Registers, spills, scratch and calls of the HIP kernels, from the device assembly (hipcc -S) for
 gfx90a (CDNA2, wave64) and gfx1030 (RDNA2, wave32).
 
-For ring AllReduce 8 and HM AllReduce 4x8, float32 sum and bfloat16 max, single-GPU and
-system-scope builds, every rank kernel and the one-grid entry:
+For ring AllReduce 8, HM AllReduce 4x8 and direct AllToAll 8 (its blocks' primitives decoded into
+a table too), float32 sum and bfloat16 max, single-GPU and system-scope builds, every rank kernel
+and the one-grid entry:
 
 * no spill: the code object's metadata (``amdhsa.kernels``) gives ``.sgpr_spill_count`` and
   ``.vgpr_spill_count`` 0 for every kernel;
@@ -23,6 +24,9 @@ system-scope builds, every rank kernel and the one-grid entry:
   ``hccc_report_stuck`` (no ``s_swappc`` / ``s_call`` to anything else), and touches no
   scratch: no ``scratch_*`` or private ``buffer_*`` access in any block of the engine the
   compiler places in a loop (its own loop annotations: ``; in Loop:``, ``Loop Header``).
+
+Direct AllToAll 8 on gfx90a does not hold yet: a scratch reload on its engine's loop
+(:data:`ALLTOALL_GFX90A`: expected to fail, strictly).
 """
 from __future__ import annotations
 
@@ -61,6 +65,13 @@ STACK_BYTES = 256
 #: what the per-unit path may call (kernel_asm.CALLEES less the once-per-block hccc_launch_init,
 #: which no loop calls)
 LOOP_CALLEES = tuple(c for c in CALLEES if c != "hccc_launch_init")
+
+
+#: measured with ROCm 5.2: the gfx90a engine of direct AllToAll 8 (float32 sum and bfloat16 max)
+#: reloads a register from its frame inside a loop (``4-byte Folded Reload``, scratch); so it did
+#: before AllToAll programs had a decoded table, with the per-primitive load. Strict.
+ALLTOALL_GFX90A = pytest.mark.xfail(strict=True, reason="direct AllToAll 8 on gfx90a: a scratch reload on "
+                                                        "the engine's loop")
 
 
 def kernel_metadata(asm: str) -> dict[str, dict[str, str]]:
@@ -147,10 +158,12 @@ def _build(tmp_path: Path, example: str, dtype: str, op: str, single: bool, arch
 @pytest.mark.parametrize("arch", sorted(ARCH))
 @pytest.mark.parametrize("single", [True, False])
 @pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("bfloat16", "max")])
-@pytest.mark.parametrize("example", ["ring_allreduce_8", "hm_allreduce_4x8"])
+@pytest.mark.parametrize("example", ["ring_allreduce_8", "hm_allreduce_4x8", "direct_alltoall_8"])
 @pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
-def test_amd_kernels_keep_a_block_resident_no_spill_no_scratch_on_the_loop(tmp_path, example, dtype,
+def test_amd_kernels_keep_a_block_resident_no_spill_no_scratch_on_the_loop(request, tmp_path, example, dtype,
                                                                              op, single, arch, fuse):
+    if example == "direct_alltoall_8" and arch == "gfx90a":
+        request.applymarker(ALLTOALL_GFX90A)
     asm, man = _build(tmp_path, example, dtype, op, single, arch, fuse)
     meta = kernel_metadata(asm)
     kernels = {k: v for k, v in meta.items() if k != "hccc_runtime_gate"}

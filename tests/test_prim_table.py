@@ -90,12 +90,12 @@ def _program_types(out) -> set[str]:
 def test_codegen_picks_the_table_and_the_manifest_says_so(tmp_path, monkeypatch):
     """Ring AllReduce 3: HCCC_TPROGRAM(N) in every source (N: its largest block's primitives), the
     manifest's stats the table's; over the budget (monkeypatched) hccc_program and "load"; an AllToAll
-    program hccc_vprogram and "load" (HCCC_TVPROGRAM(N) where prim_table.ALLTOALL_TABLE is set); the
+    program HCCC_TVPROGRAM(N) (prim_table.ALLTOALL_TABLE; hccc_vprogram and "load" without it); the
     table mode's generic kernels always load."""
     ir = build_program(gen.ring_allreduce(3))
     n = prim_table.max_block_prims(ir)
     nv = prim_table.max_block_prims(build_program(gen.ring_alltoall(3)))
-    assert prim_table.ALLTOALL_TABLE is False
+    assert prim_table.ALLTOALL_TABLE is True
     cases = [("fits", gen.ring_allreduce(3), f"HCCC_TPROGRAM({n})", "table", n, False),
              ("alltoall", gen.ring_alltoall(3), "hccc_vprogram", "load", 0, False),
              ("alltoall_table", gen.ring_alltoall(3), f"HCCC_TVPROGRAM({nv})", "table", nv, True)]
@@ -130,7 +130,7 @@ def test_kernels_match_the_oracle_with_the_table_and_with_the_per_primitive_load
     """The same random program run on the CPU emulation with its blocks' primitives decoded into
     the table at launch (by every thread of the block, however many) and, with the budget set below
     its largest block, loaded one at a time: both give the reference executor's result (an AllToAll
-    program's table, hccc_tvprogram, with prim_table.ALLTOALL_TABLE set: the engine keeps that path)."""
+    program's table is an hccc_tvprogram, prim_table.ALLTOALL_TABLE)."""
     alg = data.draw(valid_programs(collective, max_ranks=5), label="program")
     ir = build_program(alg, chunk_bytes=64)
     runners = collections.OrderedDict()   # (this build's own: never one built with the other choice)

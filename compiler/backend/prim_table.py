@@ -8,14 +8,13 @@ one, every thread of the block decodes the block's primitives at launch and the 
 current one from shared memory. Codegen picks the table at compile time, per program: the
 program's type in its sources is ``hccc_tprogram<N>``, N the most primitives of any of its thread
 blocks, when N entries fit :data:`PTABLE_BUDGET_BYTES`; else the per-primitive load. An
-AllToAll program (its kernels carry the AllToAllv path) takes the per-primitive load for now
-(:data:`ALLTOALL_TABLE`; the engine has its table type, ``hccc_tvprogram<N>``: its entries hold their
-templates at round 0, and another round of an AllToAllv primitive is rebuilt in its entry where the
-cursor moves to it). The table mode's generic kernels (their programs are read at run time) always
-take the per-primitive load. So does a program with receive groups
-(:mod:`hccc.compiler.ir.reduce_groups`, :data:`GROUPS_TABLE`): the engine runs a group as N-source
-units only without a table (``hccc_groups_of`` in ``hccc_prims.h``), whose state is the sync lane's
-(``hccc_sgroup``), not the table's entries.
+AllToAll program (its kernels carry the AllToAllv path) has one too (:data:`ALLTOALL_TABLE`; its
+type is ``hccc_tvprogram<N>``: its entries hold their templates at round 0, and another round of an
+AllToAllv primitive is rebuilt in its entry where the cursor moves to it). The table mode's
+generic kernels (their programs are read at run time) always take the per-primitive load. So
+does a program with receive groups (:mod:`hccc.compiler.ir.reduce_groups`, :data:`GROUPS_TABLE`):
+the engine runs a group as N-source units only without a table (``hccc_groups_of`` in
+``hccc_prims.h``), whose state is the sync lane's (``hccc_sgroup``), not the table's entries.
 """
 from __future__ import annotations
 
@@ -41,16 +40,17 @@ PTABLE_BUDGET_BYTES = (STATIC_SHARED_BYTES - OTHER_SHARED_BYTES
                        - engine_shape.ASYNC_THREADS * engine_shape.ASYNC_VECTORS * engine_shape.VECTOR_BYTES)
 #: entries the budget holds
 PTABLE_MAX_PRIMS = PTABLE_BUDGET_BYTES // SPRIM_BYTES
-#: whether an AllToAll program decodes its primitives into a table (``hccc_tvprogram<N>``): not yet.
-#: With one, the one-grid entry's engine spills to local memory on sm_90 (direct AllToAll 8 float32
-#: sum, single-GPU and system builds: 20 B of spill stores and 24 B of loads in the grid kernel's
-#: ``hccc_run``, the data loop's invariants, ``ptxas -v`` with nvcc 13.0; the rank kernels none): its
-#: data loop is at the 64-register budget, which the table's code tips over. With the per-primitive
-#: load, no kernel spills (``tests/test_kernel_registers.py``). Measured again once each
-#: connection's scope lived in words the engine keeps (30 November 2026): with a table every entry
-#: of the single-GPU build spills, 16 B stored and loaded in ``hccc_run`` with the chains' code
-#: compiled out (``-DHCCC_LL_CHAINS=0``), 8-16 B with it
-ALLTOALL_TABLE = False
+#: whether an AllToAll program decodes its primitives into a table (``hccc_tvprogram<N>``): yes
+#: where it fits, as every other program. Two spills kept it off, both measured with ``ptxas -v``
+#: and nvdisasm (sm_90, nvcc 13.0, direct AllToAll 8 float32 sum): the data loop's round counter
+#: (8 B stored and loaded in ``hccc_run`` of every rank kernel: the data threads held their index
+#: and count across the loop; they compute them each round now, ``hccc_first_data``) and two words
+#: of the one-grid entry's program, held in registers across thread 0's ``hccc_launch_init`` call
+#: and the barrier for the table's decode (8 B; the decode reads it from shared memory now,
+#: ``hccc_prog_slot``). With both gone, every entry of direct AllToAll 8 and hierarchical AllToAll
+#: 2x4 and 2x8, single-GPU and system builds, keeps 64 registers with no spill
+#: (``tests/test_kernel_registers.py``)
+ALLTOALL_TABLE = True
 #: whether a program with receive groups decodes its primitives into a table: not yet. A table's
 #: engine runs no N-source unit (``hccc_groups_of``): with them beside the table's sync lane, the
 #: sm_90 engine of ring AllReduce 8 (which has no group) spilled 8 B in ``hccc_run`` of every entry
