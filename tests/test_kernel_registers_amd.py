@@ -25,8 +25,9 @@ and the one-grid entry:
   scratch: no ``scratch_*`` or private ``buffer_*`` access in any block of the engine the
   compiler places in a loop (its own loop annotations: ``; in Loop:``, ``Loop Header``).
 
-Direct AllToAll 8 on gfx90a does not hold yet: a scratch reload on its engine's loop
-(:data:`ALLTOALL_GFX90A`: expected to fail, strictly).
+(Direct AllToAll 8 on gfx90a reloaded a 32-bit all-ones word from scratch on the sync lane's loop
+until a unit's "no dependency polled yet" became 0: ``hccc_waits::dep_low_not``, where
+``dep_low = ~0ull`` had the compiler keep ~0ull in a register across the loop and spill it.)
 """
 from __future__ import annotations
 
@@ -65,13 +66,6 @@ STACK_BYTES = 256
 #: what the per-unit path may call (kernel_asm.CALLEES less the once-per-block hccc_launch_init,
 #: which no loop calls)
 LOOP_CALLEES = tuple(c for c in CALLEES if c != "hccc_launch_init")
-
-
-#: measured with ROCm 5.2: the gfx90a engine of direct AllToAll 8 (float32 sum and bfloat16 max)
-#: reloads a register from its frame inside a loop (``4-byte Folded Reload``, scratch); so it did
-#: before AllToAll programs had a decoded table, with the per-primitive load. Strict.
-ALLTOALL_GFX90A = pytest.mark.xfail(strict=True, reason="direct AllToAll 8 on gfx90a: a scratch reload on "
-                                                        "the engine's loop")
 
 
 def kernel_metadata(asm: str) -> dict[str, dict[str, str]]:
@@ -160,10 +154,8 @@ def _build(tmp_path: Path, example: str, dtype: str, op: str, single: bool, arch
 @pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("bfloat16", "max")])
 @pytest.mark.parametrize("example", ["ring_allreduce_8", "hm_allreduce_4x8", "direct_alltoall_8"])
 @pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
-def test_amd_kernels_keep_a_block_resident_no_spill_no_scratch_on_the_loop(request, tmp_path, example, dtype,
-                                                                             op, single, arch, fuse):
-    if example == "direct_alltoall_8" and arch == "gfx90a":
-        request.applymarker(ALLTOALL_GFX90A)
+def test_amd_kernels_keep_a_block_resident_no_spill_no_scratch_on_the_loop(tmp_path, example, dtype, op, single,
+                                                                             arch, fuse):
     asm, man = _build(tmp_path, example, dtype, op, single, arch, fuse)
     meta = kernel_metadata(asm)
     kernels = {k: v for k, v in meta.items() if k != "hccc_runtime_gate"}
