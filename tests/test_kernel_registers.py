@@ -11,8 +11,9 @@ The machine code (nvdisasm, sm_90) of the same builds uses no local memory in an
 engine calls nothing on its per-unit path but the three functions kernel_asm.CALLEES names.
 Checked for ring AllReduce 8 and HM AllReduce 4x8, each float32 sum and bfloat16 max, every rank and
 the one-grid entry, in single-GPU and system-scope builds (and ring AllReduce 8 float32 sum built
-with ``-DHCCC_SYNC_POSTS=1``, the sync lane posting every unit; and ring AllReduce 8 float32 sum and
-bfloat16 max built with ``-DHCCC_TMA=1``, the opt-in bulk copies), the same four lowered with
+with ``-DHCCC_SYNC_POSTS=1``, the sync lane posting every unit; and ring AllReduce 8 and HM
+AllReduce 4x8, float32 sum and bfloat16 max, and ring AllGather 8 float32 sum built with
+``-DHCCC_TMA=1``, the opt-in bulk copies), the same four lowered with
 ``--fuse`` (their fused rows marked as LL chains, whose code the engine then carries:
 hccc.compiler.ir.ll_chains), and for direct AllToAll 8 (float32 sum and bfloat16 max) and
 hierarchical AllToAll 2x8 (float32 sum), whose kernels also run as AllToAllv: their engine has the counts path (hccc_v_round), which must not cost
@@ -127,12 +128,16 @@ def _per_entry(text: str) -> dict[str, dict]:
     ("hierarchical_alltoall_2x8", "float32", "sum", (), False),
     ("ring_allreduce_8", "float32", "sum", ("-DHCCC_SYNC_POSTS=1",), False),
     # bulk copies (-DHCCC_TMA=1: the copy engine's pure copies through cp.async.bulk, issued by lane
-    # 0 of each warp). They spilled hccc_run's data-loop round counter (12 B float32 sum, 20 B
-    # bfloat16 max, nvcc 13.0) while the loop held a warp's mbarrier address beside its slots' and
-    # the mask of hccc_syncwarp; the record in lane 0's cell after the slots (hccc_bulk_of) and
+    # 0 of each warp), and ring AllGather 8, the program gpu_validate.py's bulk-copy comparison
+    # runs (TMA_LARGE). hccc_run spilled its data-loop round counter in every entry of these (8 B,
+    # nvcc 13.0) while the copy loop held a warp's mbarrier address beside its slots' and the mask
+    # of hccc_syncwarp; the record in lane 0's cell after the slots (hccc_bulk_of) and
     # hccc_bulk_syncwarp's full mask keep them within the budget (docs/kernel-protocol.md)
     ("ring_allreduce_8", "float32", "sum", ("-DHCCC_TMA=1",), False),
     ("ring_allreduce_8", "bfloat16", "max", ("-DHCCC_TMA=1",), False),
+    ("hm_allreduce_4x8", "float32", "sum", ("-DHCCC_TMA=1",), False),
+    ("hm_allreduce_4x8", "bfloat16", "max", ("-DHCCC_TMA=1",), False),
+    ("ring_allgather_8", "float32", "sum", ("-DHCCC_TMA=1",), False),
     # --fuse: fused LL chains (hccc.compiler.ir.ll_chains) marked in the rows, run by the engine
     ("ring_allreduce_8", "float32", "sum", (), True),
     ("ring_allreduce_8", "bfloat16", "max", (), True),
