@@ -211,7 +211,7 @@ class CpuToolchain:
         exe = self._cxx_exe
         define = instance_define(instance)
         flags = ([*_CXX_FLAGS, self.opt, *(ASAN_FLAGS if self.sanitize else [])]
-                 + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else []) + build_switches())
+                 + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else []) + build_switches(manifest))
         # the launcher and the precompiled headers depend on the headers, not on the program
         headers_digest = cache.files_digest([outdir / h for h in headers], outdir)
         launcher_obj = self._launcher_object(outdir, headers, headers_digest, flags, cache_dir)

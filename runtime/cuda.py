@@ -77,15 +77,16 @@ def build_cuda_module(outdir: Path, manifest: dict, instance: Instance,
     sel = select_ranks(manifest, ranks)
     arch = normalise_arch(arch) if arch else resolve_arch()
     tu = translation_unit(manifest, instance, sel, "cuda")
-    flags = cuda_flags(arch, single_gpu, output="-cubin")
+    flags = cuda_flags(arch, single_gpu, output="-cubin", manifest=manifest)
     return compile_module(Path(outdir), manifest, tu, sel, "cuda", nvcc or find_nvcc(), flags, ".cubin")
 
 
-def cuda_flags(arch: str, single_gpu: bool = False, *, output: str = "-cubin") -> list[str]:
+def cuda_flags(arch: str, single_gpu: bool = False, *, output: str = "-cubin", manifest: dict | None = None) -> list[str]:
     """nvcc flags of a kernel build (``output``: ``-cubin``, or ``-ptx`` to inspect the code), with
-    the switches the environment asks for (:func:`hccc.runtime.platform.build_switches`)."""
+    the switches the environment asks for (:func:`hccc.runtime.platform.build_switches`, checked
+    against the program of ``manifest`` where given)."""
     return (["-std=c++17", "-O3", output, f"-arch={arch}"] + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else [])
-            + build_switches())
+            + build_switches(manifest))
 
 
 

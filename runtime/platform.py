@@ -73,15 +73,25 @@ RED_CONSTS = {o.name: o.const for o in dtypes_table.OPS}
 TMA_ENV = "HCCC_TMA"
 
 
-def build_switches() -> list[str]:
+def build_switches(manifest: dict | None = None) -> list[str]:
     """The kernel build's switches the environment asks for (:data:`TMA_ENV`): compiler flags,
-    part of every build's cache key; PlatformError for a value other than 0 or 1."""
+    part of every build's cache key; PlatformError for a value other than 0 or 1, and for bulk
+    copies asked of a program (``manifest``) whose decoded table leaves them too little shared
+    memory (:data:`hccc.compiler.backend.prim_table.TMA_PTABLE_BUDGET_BYTES`)."""
     v = os.environ.get(TMA_ENV, "").strip()
     if v in ("", "0"):
         return []
-    if v == "1":
-        return ["-DHCCC_TMA=1"]
-    raise PlatformError(f"{TMA_ENV}={v!r}: expected 0 (the portable copy path) or 1 (bulk copies)")
+    if v != "1":
+        raise PlatformError(f"{TMA_ENV}={v!r}: expected 0 (the portable copy path) or 1 (bulk copies)")
+    from hccc.compiler.backend.prim_table import BULK_CELL_BYTES, TMA_PTABLE_BUDGET_BYTES
+    m = manifest or {}
+    table = int((m.get("stats") or {}).get("prim_table_bytes") or 0)
+    if table > TMA_PTABLE_BUDGET_BYTES:
+        raise PlatformError(f"{TMA_ENV}=1: bulk copies take {BULK_CELL_BYTES:,} bytes of a block's shared memory "
+                            f"beside the decoded table, and {m.get('algorithm', 'this program')}'s table of "
+                            f"{table:,} bytes leaves too little (at most {TMA_PTABLE_BUDGET_BYTES:,} with them); "
+                            f"unset {TMA_ENV} to build it")
+    return ["-DHCCC_TMA=1"]
 
 
 def instance_expansion(instance: Instance) -> str:

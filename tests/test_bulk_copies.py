@@ -255,6 +255,25 @@ def test_the_switch_reaches_every_build_with_bulk_copies_and_is_checked(monkeypa
         cuda_flags("sm_90")
 
 
+def test_bulk_copies_are_refused_a_program_whose_table_leaves_them_no_room(monkeypatch, tmp_path):
+    """A table within the budget with the cells builds with bulk copies; one past it is refused by
+    the runtime (naming the program and the sizes) and by the engine (its static_assert, for builds
+    outside the runtime), never left to fail at ptxas."""
+    from hccc.compiler.backend.prim_table import (BULK_CELL_BYTES, PTABLE_BUDGET_BYTES, SPRIM_BYTES,
+                                                  TMA_PTABLE_BUDGET_BYTES)
+    from hccc.runtime.cuda import cuda_flags
+    assert TMA_PTABLE_BUDGET_BYTES == PTABLE_BUDGET_BYTES - BULK_CELL_BYTES and BULK_CELL_BYTES == 480 * 16
+    monkeypatch.setenv(TMA_ENV, "1")
+    fits = {"algorithm": "a", "stats": {"prim_table_bytes": TMA_PTABLE_BUDGET_BYTES // SPRIM_BYTES * SPRIM_BYTES}}
+    big = {"algorithm": "big_one", "stats": {"prim_table_bytes": (TMA_PTABLE_BUDGET_BYTES // SPRIM_BYTES + 1)
+                                              * SPRIM_BYTES}}
+    assert build_switches(fits) == [TMA] and TMA in cuda_flags("sm_90", manifest=fits)
+    with pytest.raises(PlatformError, match=r"big_one's table of .* leaves too little .* unset HCCC_TMA"):
+        cuda_flags("sm_90", manifest=big)
+    monkeypatch.delenv(TMA_ENV)
+    assert build_switches(big) == []
+
+
 # ---------------------------------------------------------------------------------- sm_90 code
 @pytest.fixture(scope="module")
 def sm90_builds(tmp_path_factory):
@@ -306,3 +325,28 @@ def test_sm90_tma_build_compiles_to_bulk_copies_and_the_default_has_none(sm90_bu
     ptx0, sass0 = sm90_builds[False]
     assert "cp.async.bulk" not in ptx0 and "mbarrier" not in ptx0
     assert not re.search(r"\bUBLKCP\b", sass0) and re.search(r"\bLDGSTS\b", sass0)
+
+
+@pytest.mark.slow
+def test_the_engine_refuses_bulk_copies_beside_a_table_that_leaves_them_no_room(tmp_path, nvcc):
+    """A CUDA build outside the runtime (a module's source as the runtime writes it, through nvcc's
+    front end, ``-cuda``): ring AllReduce 16's 30-entry table with HCCC_TMA=1 stops at the engine's
+    static_assert; without the switch, and ring AllReduce 8's 14 entries with it, compile."""
+    from hccc.compiler.backend.codegen import generate
+    from hccc.compiler.frontend import generators as gen
+    from hccc.compiler.passes.build import build_program
+    from hccc.runtime.gpu import translation_unit
+    from hccc.runtime.platform import Instance
+
+    def errors(n: int, *flags: str) -> str:
+        d = tmp_path / f"r{n}"
+        if not d.exists():
+            d.mkdir()
+            generate(build_program(gen.ring_allreduce(n), name=f"ring{n}"), d, platforms=["cuda"] * n)
+            man = json.loads((d / "manifest.json").read_text())
+            (d / "tu.cu").write_text(translation_unit(man, Instance("float32", "sum"), [0], "cuda", gate=False))
+        res = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-cuda", *flags, "-I", str(d), str(d / "tu.cu"),
+                              "-o", str(d / "tu.ii")], capture_output=True, text=True, timeout=300)
+        return res.stdout + res.stderr if res.returncode else ""
+    assert "this program's table leaves too little shared memory" in errors(16, "-DHCCC_TMA=1")
+    assert errors(16) == "" and errors(8, "-DHCCC_TMA=1") == ""

@@ -40,6 +40,14 @@ PTABLE_BUDGET_BYTES = (STATIC_SHARED_BYTES - OTHER_SHARED_BYTES
                        - engine_shape.ASYNC_THREADS * engine_shape.ASYNC_VECTORS * engine_shape.VECTOR_BYTES)
 #: entries the budget holds
 PTABLE_MAX_PRIMS = PTABLE_BUDGET_BYTES // SPRIM_BYTES
+#: shared memory bulk copies (``HCCC_TMA=1``, ``hccc_bulk_of`` in ``hccc_prims.h``) add to a block:
+#: a 16-byte cell a data thread after the copy engine's vectors (7,680 B)
+BULK_CELL_BYTES = engine_shape.ASYNC_THREADS * engine_shape.VECTOR_BYTES
+#: the most bytes a block's table may take in a build with bulk copies: a program whose table is
+#: larger is refused such a build (``hccc.runtime.platform.build_switches``; the engine's
+#: static_assert for builds outside the runtime), since table, buffer, cells and state would pass
+#: the static limit
+TMA_PTABLE_BUDGET_BYTES = PTABLE_BUDGET_BYTES - BULK_CELL_BYTES
 #: whether an AllToAll program decodes its primitives into a table (``hccc_tvprogram<N>``): yes
 #: where it fits, as every other program. Two spills kept it off, both measured with ``ptxas -v``
 #: and nvdisasm (sm_90, nvcc 13.0, direct AllToAll 8 float32 sum): the data loop's round counter
@@ -98,4 +106,5 @@ def ptable_stats(ir, no_table: bool) -> dict:
 
 
 __all__ = ["SPRIM_BYTES", "STATIC_SHARED_BYTES", "OTHER_SHARED_BYTES", "PTABLE_BUDGET_BYTES", "PTABLE_MAX_PRIMS",
+           "BULK_CELL_BYTES", "TMA_PTABLE_BUDGET_BYTES",
            "ALLTOALL_TABLE", "GROUPS_TABLE", "max_block_prims", "has_receive_groups", "ptable_prims", "ptable_stats"]
