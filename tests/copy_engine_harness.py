@@ -80,3 +80,23 @@ def oracle(dtype: str, op: str, a: np.ndarray, b: np.ndarray | None) -> np.ndarr
     if dtype == "float16":
         return f(a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
     return f(a, b).astype(a.dtype)
+
+
+def case_buffers(rng: np.random.Generator, dtype: str, op: str, n: int, offs, hasb: bool):
+    """One case's buffers: (``bufs``: (arena, its n-element view at its offset) per offset, garbage
+    around each range; ``a`` and ``b`` (None without a second source) filled with values; the
+    oracle's result; a copy of every arena before the engine runs)."""
+    npt = DTYPES[dtype][1]
+    span = (n + 64) * np.dtype(npt).itemsize
+    bufs = []
+    for off in offs:
+        a_ = arena(span)
+        a_[:] = rng.integers(0, 256, span, dtype=np.uint8)      # garbage around the range
+        bufs.append((a_, a_.view(npt)[off:off + n]))
+    a = bufs[0][1]
+    a[:] = values(rng, dtype, n)
+    b = None
+    if hasb:
+        b = bufs[1][1]
+        b[:] = values(rng, dtype, n)
+    return bufs, a, b, oracle(dtype, op, a, b), [x.copy() for x, _ in bufs]

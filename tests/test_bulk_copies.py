@@ -48,7 +48,7 @@ from hccc.testing import valid_programs
 
 from conftest import harness_library, require_tool
 from copy_engine_harness import DTYPES, HARNESS, REDS
-from copy_engine_harness import arena as _arena, oracle as _oracle, values as _values
+from copy_engine_harness import case_buffers
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -121,20 +121,7 @@ def _run(lib, case):
     rng = np.random.default_rng(case["seed"])
     hasb = shape in ("reduce", "inplace")
     nout = 2 if shape == "copy2" else 1
-    span = (n + 64) * size
-    bufs = []
-    for off in case["offs"]:
-        arena = _arena(span)
-        arena[:] = rng.integers(0, 256, span, dtype=np.uint8)
-        bufs.append((arena, arena.view(npt)[off:off + n]))
-    a = bufs[0][1]
-    a[:] = _values(rng, dtype, n)
-    b = None
-    if hasb:
-        b = bufs[1][1]
-        b[:] = _values(rng, dtype, n)
-    want = _oracle(dtype, op, a, b)
-    before = [arena.copy() for arena, _ in bufs]
+    bufs, a, b, want, before = case_buffers(rng, dtype, op, n, case["offs"], hasb)
     outs = [0] if shape == "inplace" else [2, 3][:nout]
     ptr = lambda k: bufs[k][0].ctypes.data + case["offs"][k] * size
     loaded, stored = lib.hccc_test_bulk_bytes(0), lib.hccc_test_bulk_bytes(1)
@@ -146,7 +133,7 @@ def _run(lib, case):
             assert np.array_equal(view, want) or (dtype in ("float32", "float16") and
                                                   np.array_equal(view, want, equal_nan=True)), (k, case)
             lo = case["offs"][k] * size
-            outside = np.r_[0:lo, lo + n * size:span]
+            outside = np.r_[0:lo, lo + n * size:len(arena)]
             assert np.array_equal(arena[outside], before[k][outside]), ("outside", k, case)
         else:
             assert np.array_equal(arena, before[k]), ("input changed", k, case)

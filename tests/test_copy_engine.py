@@ -34,7 +34,7 @@ from hccc.util import dtypes as dtypes_table
 
 from conftest import harness_library
 from copy_engine_harness import DTYPES, HARNESS, REDS
-from copy_engine_harness import arena as _arena, oracle as _oracle, values as _values
+from copy_engine_harness import arena as _arena, case_buffers, oracle as _oracle, values as _values
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -84,21 +84,7 @@ def test_combine_matches_numpy_and_touches_only_its_outputs(engines, case):
     rng = np.random.default_rng(case["seed"])
     hasb = shape in ("reduce", "reduce2", "inplace")
     nout = 2 if shape in ("copy2", "reduce2") else 1
-    span = (n + 64) * size
-    bufs = []
-    for k, off in enumerate(case["offs"]):
-        arena = _arena(span)
-        arena[:] = rng.integers(0, 256, span, dtype=np.uint8)      # garbage around the range
-        view = arena.view(npt)[off:off + n]
-        bufs.append((arena, view))
-    a = bufs[0][1]
-    a[:] = _values(rng, dtype, n)
-    b = None
-    if hasb:
-        b = bufs[1][1]
-        b[:] = _values(rng, dtype, n)
-    want = _oracle(dtype, op, a, b)
-    before = [arena.copy() for arena, _ in bufs]
+    bufs, a, b, want, before = case_buffers(rng, dtype, op, n, case["offs"], hasb)
     if shape == "inplace":             # o1 is a (HCCC_REDUCE: dst := dst (+) src)
         outs = [0]
     else:
@@ -115,7 +101,7 @@ def test_combine_matches_numpy_and_touches_only_its_outputs(engines, case):
             else:
                 assert np.array_equal(got, want), f"output {k}: {case}"
             lo = case["offs"][k] * size
-            outside = np.r_[0:lo, lo + n * size:span]
+            outside = np.r_[0:lo, lo + n * size:len(arena)]
             assert np.array_equal(arena[outside], before[k][outside]), f"bytes outside output {k} changed: {case}"
         else:
             assert np.array_equal(arena, before[k]), f"input {k} changed: {case}"
