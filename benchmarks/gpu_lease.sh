@@ -8,7 +8,7 @@
 # 3. benchmarks/gpu_validate.py --quick (its own budget: HCCC_GPU_BUDGET seconds, default 330),
 #    report in $OUT/gpu_validate.md and $OUT/gpu_validate.json.
 # Then record the run for the kernel cost model (benchmarks/recorded/runs/<run>.json) and print its
-# table for docs/measurements.md:
+# table for docs/measurements.md#the-kernel-cost-model:
 #     python benchmarks/record_gpu_run.py gpu_out/gpu_validate.json --run sixth --section "The sixth GPU run"
 set -u
 OUT="${OUT:-$PWD/gpu_out}"

@@ -18,7 +18,7 @@ writes ``benchmarks/recorded/runs/<run>.json`` (``kernel_model.RECORDED_RUNS``),
   ``not_in_repository``. A row measured twice keeps its first time. Rows left out are listed.
 
 Then it prints the run's rows beside the model's prediction from its own anatomy, as a Markdown
-table for docs/measurements.md. It refuses (exit 1, nothing written) a report without the
+table for docs/measurements.md#on-a-lent-gpu-the-one-command. It refuses (exit 1, nothing written) a report without the
 environment, copy or slot anatomy step, one without a timed row, one of the CPU emulation, and a
 run name already recorded.
 """
@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("report", help="gpu_validate.py --quick --json's file")
     ap.add_argument("--run", required=True, help="the run's name (a word: sixth, seventh, ...)")
-    ap.add_argument("--section", required=True, help="its section in docs/measurements.md")
+    ap.add_argument("--section", required=True, help="the title of the section its table goes under "
+                    "(docs/measurements.md#the-kernel-cost-model lists the runs)")
     ap.add_argument("--kernels", default="v5", help="the kernels' generation (default v5)")
     ap.add_argument("--dry-run", action="store_true", help="print, write nothing")
     ap.add_argument("--runs-dir", default=str(km.RECORDED_RUNS), help=argparse.SUPPRESS)
