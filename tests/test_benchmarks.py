@@ -297,6 +297,7 @@ def test_slot_cost_counts_the_busiest_blocks_slots_and_fits_a_slope(capsys):
         sc.main(["--backend", "cpu", "--placement", "sideways"])
 
 
+@pytest.mark.slow     # (the longest of the README's command: in the slow set)
 def test_rs_ag_gap_simulates_both_halves_of_one_packing(capsys):
     """rs_ag_gap.py: the ReduceScatter it writes is its AllGather turned around (the same chunk on
     every pair reversed, a channel per stream each), both verify as their collectives, and both

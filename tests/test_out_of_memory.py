@@ -78,6 +78,7 @@ def test_run_over_the_address_space_limit_is_refused_before_it_starts(built):
     assert _left_by(pid) == []
 
 
+@pytest.mark.slow     # (the longest of the README's command: in the slow set)
 def test_memory_refused_as_it_is_allocated_is_located(built):
     """With the up-front check lifted (HCCC_MAX_RUN_BYTES far above the limit) the allocation
     itself fails (mmap ENOMEM or numpy's MemoryError): exit 1, the program and size, the

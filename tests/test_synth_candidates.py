@@ -61,6 +61,7 @@ def _check_never_worse(topo, collective: str, nbytes: int, time_limit: float = 6
     return prog, written, best
 
 
+@pytest.mark.slow     # (the longest of the README's command: in the slow set)
 def test_size_64k_on_four_a100_nodes_is_never_worse_than_the_trees_or_the_generators(tmp_path, capsys):
     """The issue's case: four 8-GPU A100 nodes, AllReduce at 64 KiB. ``auto`` took the step search
     alone, which ran into the limit and wrote a program of 32.2 us where the tree packing makes one

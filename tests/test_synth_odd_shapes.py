@@ -5,6 +5,8 @@ and an error that names the cluster file, never a traceback or an internal error
 written on a refusal."""
 from __future__ import annotations
 
+import pytest
+
 import re
 
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +18,7 @@ from hccc.cli import main
 COLLECTIVES = ["allgather", "reducescatter", "allreduce", "broadcast", "alltoall"]
 
 
+@pytest.mark.slow     # (the longest of the README's command: in the slow set)
 @settings(max_examples=8, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cluster_specs(max_nodes=4, max_gpus=4), st.booleans(), st.sampled_from(COLLECTIVES),
        st.sampled_from(["auto", "search"]))

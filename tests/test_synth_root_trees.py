@@ -364,6 +364,7 @@ def test_the_64_gpu_held_out_cluster_packs_two_roots_integrally_at_the_lp():
     assert made and made[0].integral and made[0].seconds_per_byte * 2 <= rt.lp_time * (1 + 5e-3)
 
 
+@pytest.mark.slow     # (the longest of the README's command: in the slow set)
 def test_the_integral_trees_are_the_same_under_load():
     """ho_4x4_mixed (benchmarks/synth_engines.py), where the 2 roots' trees are packed integrally:
     the candidates made alone and with a busy thread beside them are the same bytes (the
