@@ -19,7 +19,7 @@ writes ``benchmarks/recorded/runs/<run>.json`` (``kernel_model.RECORDED_RUNS``),
 
 Then it prints the run's rows beside the model's prediction from its own anatomy, as a Markdown
 table for docs/measurements.md#on-a-lent-gpu-the-one-command. It refuses (exit 1, nothing written) a report without the
-environment, copy or slot anatomy step, one without a timed row, one of the CPU emulation, and a
+environment or copy step, one without slot anatomy rows, one without a timed row, one of the CPU emulation, and a
 run name already recorded.
 """
 from __future__ import annotations
@@ -52,10 +52,13 @@ def card_of(gpu: str) -> str:
     return m.group(1) if m else (gpu or "unknown")
 
 
-def _step(steps: list, group: str) -> dict:
-    st = next((s for s in steps if s.get("group") == group and s.get("status") == "ok"), None)
-    if st is None or not isinstance(st.get("data"), dict):
-        raise RecordError(f"the report has no {group} step that passed")
+def _step(steps: list, group: str, *, passed: bool = True) -> dict:
+    """The data of the report's first ``group`` step (that passed, unless ``passed`` is False:
+    a slot anatomy that stopped short keeps the rows it printed, and they are recorded)."""
+    st = next((s for s in steps if s.get("group") == group and isinstance(s.get("data"), dict)
+               and (s.get("status") == "ok" or not passed)), None)
+    if st is None:
+        raise RecordError(f"the report has no {group} step" + (" that passed" if passed else " with data"))
     return st["data"]
 
 
@@ -74,7 +77,7 @@ def run_record(report: dict, *, run: str, section: str, kernels: str, when: str)
     if report.get("backend") not in ("cuda", "hip"):
         raise RecordError(f"a report of the {report.get('backend')!r} backend: only GPU runs are recorded")
     steps = report.get("steps") or []
-    env, copy, slot = _step(steps, "env"), _step(steps, "copy"), _step(steps, "slot")
+    env, copy, slot = _step(steps, "env"), _step(steps, "copy"), _step(steps, "slot", passed=False)
     anatomy = (slot.get("json") or {}).get("rows")
     if not anatomy:
         raise RecordError("the slot anatomy step kept no rows")

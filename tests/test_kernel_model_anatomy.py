@@ -156,7 +156,7 @@ def test_the_emulations_own_anatomy_gives_costs(tmp_path):
 
 
 # ----------------------------------------------------------------------------- recording a run
-def _report(tmp_path, backend="cuda", slot=True):
+def _report(tmp_path, backend="cuda", slot=True, slot_status="ok"):
     """A gpu_validate --quick --json report as a GPU run would write it (its step data's shapes)."""
     ex = ROOT / "examples"
 
@@ -171,7 +171,7 @@ def _report(tmp_path, backend="cuda", slot=True):
     steps = [{"group": "env", "name": "environment", "status": "ok", "data": {"gpu": "NVIDIA H200", "sms": 132}},
              {"group": "copy", "name": "device copy", "status": "ok", "data": {"hbm_gbps": 4200.0}}]
     if slot:
-        steps.append({"group": "slot", "name": "slot_anatomy --quick", "status": "ok",
+        steps.append({"group": "slot", "name": "slot_anatomy --quick", "status": slot_status,
                       "data": {"json": {"rows": _anatomy()}}})
     steps += [
         {"group": "latency", "name": "ring_allreduce_8 4K", "status": "ok", "data": {"runs": [
@@ -232,3 +232,11 @@ def test_a_report_that_cannot_be_recorded_is_refused_and_nothing_written(tmp_pat
     assert rec.main([str(_report(tmp_path, **kw)), "--run", "x", "--section", "x", "--runs-dir", str(runs)]) == 1
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err and not runs.exists()
+
+
+def test_a_slot_anatomy_that_stopped_short_is_recorded_with_the_rows_it_kept(tmp_path):
+    rec = _script("record_gpu_run")
+    runs = tmp_path / "runs"
+    assert rec.main([str(_report(tmp_path, slot_status="failed")), "--run", "x", "--section", "x",
+                     "--runs-dir", str(runs)]) == 0
+    assert json.loads((runs / "x.json").read_text())["units"]["anatomy"] == _anatomy()
